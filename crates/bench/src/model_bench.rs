@@ -1,0 +1,45 @@
+//! The model bench: generation with ember's [`Transformer`] through ember-inference's [`TransformerLm`], the
+//! model `ember generate` runs.
+
+use ember_inference::TransformerLm;
+use ember_inference::sampling::SamplingConfig;
+use ember_model::{AttentionBackend, Transformer};
+
+use crate::BenchError;
+use crate::generation::bench_generation;
+use crate::lm_workload::{LmWorkload, synthetic_prompt};
+use crate::report::{ModelBench, ModelInfo, ModelSettings};
+use crate::timing::Clock;
+
+/// Measures generation of `model` (already on `device`, with its attention kernel chosen) for `settings`.
+///
+/// Every row gets the same synthetic prompt of `settings.prompt_len` ids spread over the vocabulary
+/// ([`synthetic_prompt`]), and tokens are chosen greedily: the argmax over the vocabulary is part of every timed
+/// step, as it is in `ember generate --temperature 0`. `name` labels the model in the report; `dtype` is the
+/// precision the weights run in.
+pub fn bench_model<B: AttentionBackend>(
+    model: Transformer<B>,
+    device: B::Device,
+    name: String,
+    dtype: String,
+    settings: ModelSettings,
+    clock: &dyn Clock,
+) -> Result<ModelBench, BenchError> {
+    let spec = model.spec().clone();
+    let info = ModelInfo {
+        name,
+        architecture: spec.architecture.clone(),
+        parameters: spec.parameter_count(),
+        dtype,
+    };
+    let lm = TransformerLm::new(model, device);
+    let prompt = synthetic_prompt(settings.prompt_len, spec.vocab_size);
+    let mut workload = LmWorkload::new(
+        &lm,
+        settings.batch,
+        prompt,
+        settings.gen_len,
+        SamplingConfig::greedy(),
+    )?;
+    bench_generation(&mut workload, info, settings, clock)
+}

@@ -1,0 +1,117 @@
+//! Everything generation needs from a model path: a GGUF file or a Hugging Face model directory, with its
+//! tokenizer, chat template and end-of-sequence ids.
+
+use std::path::{Path, PathBuf};
+
+use ember_model::gguf::{self, GgufFile};
+use ember_model::weights::Progress;
+use ember_model::{AttentionBackend, ModelDir, ModelSpec, Transformer};
+use ember_tokenizer::Tokenizer;
+
+use crate::chat::ChatTemplate;
+use crate::error::InferenceError;
+
+/// Where the weights come from.
+pub enum WeightsFile {
+    /// A GGUF file (weights, tokenizer and template in one file).
+    Gguf(GgufFile),
+    /// A Hugging Face model directory.
+    Dir(ModelDir),
+}
+
+/// An opened model path: spec, tokenizer and chat template read, weights not yet loaded.
+pub struct ModelAssets {
+    /// The path given.
+    pub path: PathBuf,
+    /// The weights' container.
+    pub weights: WeightsFile,
+    /// The model's spec.
+    pub spec: ModelSpec,
+    /// The tokenizer, when the path has one.
+    pub tokenizer: Option<Tokenizer>,
+    /// The chat template, when the path has one.
+    pub chat_template: Option<ChatTemplate>,
+    /// Token ids that end a reply: the tokenizer's EOS and the template's end-of-turn token.
+    pub eos: Vec<u32>,
+}
+
+fn load_error(path: &Path, e: impl std::fmt::Display) -> InferenceError {
+    InferenceError::Load {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}
+
+impl ModelAssets {
+    /// Opens `path`: a `.gguf` file (recognised by its magic number) or a model directory.
+    pub fn open(path: &Path) -> Result<Self, InferenceError> {
+        let err = |e: &dyn std::fmt::Display| load_error(path, e);
+        let (weights, spec, tokenizer, chat_template) =
+            if path.is_file() && gguf::llama::is_gguf(path) {
+                let file = GgufFile::open(path).map_err(|e| err(&e))?;
+                let spec = gguf::llama::llama_spec(&file).map_err(|e| err(&e))?;
+                let vocab = gguf::tokenizer_vocab(&file).map_err(|e| err(&e))?;
+                let tokenizer = Tokenizer::from_gguf_vocab(vocab).map_err(|e| err(&e))?;
+                let token_text = |id: Option<u32>| {
+                    id.and_then(|id| tokenizer.id_to_token(id))
+                        .unwrap_or("")
+                        .to_string()
+                };
+                let template = gguf::chat_template(&file).map(|src| {
+                    ChatTemplate::new(
+                        src,
+                        &token_text(tokenizer.bos_id()),
+                        &token_text(tokenizer.eos_id()),
+                    )
+                });
+                (WeightsFile::Gguf(file), spec, Some(tokenizer), template)
+            } else {
+                let dir = ModelDir::open(path).map_err(|e| err(&e))?;
+                let tokenizer = dir
+                    .tokenizer_path()
+                    .map(|p| Tokenizer::from_path(&p))
+                    .transpose()
+                    .map_err(|e| err(&e))?;
+                let config = dir.dir.join("tokenizer_config.json");
+                let template = if config.is_file() {
+                    ChatTemplate::from_tokenizer_config(&config)?
+                } else {
+                    None
+                };
+                let spec = dir.spec.clone();
+                (WeightsFile::Dir(dir), spec, tokenizer, template)
+            };
+        let mut eos: Vec<u32> = tokenizer
+            .as_ref()
+            .and_then(Tokenizer::eos_id)
+            .into_iter()
+            .collect();
+        if let (Some(t), Some(template)) = (&tokenizer, &chat_template)
+            && let Some(id) = t.token_to_id(template.eos_token())
+            && !eos.contains(&id)
+        {
+            eos.push(id);
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            weights,
+            spec,
+            tokenizer,
+            chat_template,
+            eos,
+        })
+    }
+
+    /// Loads the weights onto `device` (dequantizing GGUF tensors to f32).
+    pub fn load<B: AttentionBackend>(
+        &self,
+        device: &B::Device,
+        progress: Option<Progress<'_>>,
+    ) -> Result<Transformer<B>, InferenceError> {
+        match &self.weights {
+            WeightsFile::Gguf(file) => gguf::llama::load(file, device, progress),
+            WeightsFile::Dir(dir) => dir.load(device, progress).map(|loaded| loaded.model),
+        }
+        .map_err(|e| load_error(&self.path, e))
+    }
+}

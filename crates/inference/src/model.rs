@@ -1,0 +1,31 @@
+//! The interface generation needs from a model: run a batch of new tokens over a KV cache, return the logits of
+//! each row's last position.
+
+use crate::error::InferenceError;
+
+/// A causal language model that runs incrementally over a batch, its KV cache kept in [`LanguageModel::State`].
+///
+/// Rows may be left-padded: a padded position is never attended to, so a row's logits do not depend on how much
+/// padding precedes it.
+pub trait LanguageModel {
+    /// The per-batch cache (keys and values of every position run so far, and which of them are padding).
+    type State;
+
+    /// The number of positions the model can attend over (prompt plus generated tokens).
+    fn context_length(&self) -> usize;
+
+    /// An empty cache for `batch` rows.
+    fn new_state(&self, batch: usize) -> Result<Self::State, InferenceError>;
+
+    /// Positions already in `state` (padding included).
+    fn state_len(&self, state: &Self::State) -> usize;
+
+    /// Appends `tokens` (`[batch][seq]`, every row the same length) to `state` and returns the next-token logits at
+    /// the last position of every row, `[batch][vocab]`. `padding[b][t]` marks `tokens[b][t]` as padding.
+    fn step(
+        &self,
+        state: &mut Self::State,
+        tokens: &[Vec<u32>],
+        padding: &[Vec<bool>],
+    ) -> Result<Vec<Vec<f32>>, InferenceError>;
+}

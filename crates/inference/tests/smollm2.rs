@@ -1,0 +1,110 @@
+//! SmolLM2-135M-Instruct (Q4_1 GGUF) against `transformers` loading the same file (fixture written by
+//! scripts/fixtures/smollm_fixtures.py). Skipped, with a message, when scripts/fetch_smollm2.sh has not been run.
+
+use std::path::{Path, PathBuf};
+
+use burn::backend::Flex;
+use ember_inference::sampling::SamplingConfig;
+use ember_inference::{
+    GenerationConfig, LanguageModel, Message, ModelAssets, TransformerLm, generate,
+};
+use ember_model::gguf::GgufFile;
+use serde_json::Value;
+
+fn gguf_path() -> Option<PathBuf> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../.cache/assets/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if path.is_file() {
+        Some(path)
+    } else {
+        eprintln!(
+            "SKIP: {} is absent; run scripts/fetch_smollm2.sh",
+            path.display()
+        );
+        None
+    }
+}
+
+fn fixture() -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/smollm2.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn smollm2_chat_prompt_matches_apply_chat_template() {
+    let Some(path) = gguf_path() else { return };
+    let want = fixture();
+    let assets = ModelAssets::open(&path).unwrap();
+    let tokenizer = assets.tokenizer.as_ref().unwrap();
+    let template = assets.chat_template.as_ref().unwrap();
+    let prompt = template
+        .render(
+            &[Message::new("user", want["question"].as_str().unwrap())],
+            true,
+        )
+        .unwrap();
+    assert_eq!(
+        tokenizer.encode(&prompt).unwrap(),
+        ids(&want["chat_ids"]),
+        "token for token"
+    );
+    assert_eq!(assets.eos, [2], "<|im_end|> ends a reply");
+}
+
+#[test]
+fn smollm2_logits_and_greedy_ids_match_transformers() {
+    let Some(path) = gguf_path() else { return };
+    let want = fixture();
+    let chat_ids = ids(&want["chat_ids"]);
+    let file = GgufFile::open(&path).unwrap();
+    let device = Default::default();
+    let lm = TransformerLm::new(
+        ember_model::gguf::llama::load::<Flex>(&file, &device, None).unwrap(),
+        device,
+    );
+
+    // Last-position logits at the fixture's ids (its 32 largest and 32 random ones).
+    let mut state = lm.new_state(1).unwrap();
+    let logits = lm
+        .step(
+            &mut state,
+            &[chat_ids.clone()],
+            &[vec![false; chat_ids.len()]],
+        )
+        .unwrap()
+        .remove(0);
+    let mut worst = 0.0f64;
+    for (id, reference) in ids(&want["logit_ids"])
+        .iter()
+        .zip(want["logits"].as_array().unwrap())
+    {
+        worst = worst.max((f64::from(logits[*id as usize]) - reference.as_f64().unwrap()).abs());
+    }
+    // Both sides run the same dequantized f32 weights; what differs is summation order over 30 layers (burn's matmul
+    // and attention vs PyTorch's), which on logits of magnitude ~20 stays well under 1e-2.
+    eprintln!(
+        "max |logit - transformers| over {} ids = {worst:.2e}",
+        want["logit_ids"].as_array().unwrap().len()
+    );
+    assert!(worst < 1e-2, "max |logit - transformers| = {worst}");
+
+    // Greedy continuation, stopped at <|im_end|> (id 2) like transformers' generate.
+    let config = GenerationConfig {
+        max_new_tokens: ids(&want["greedy_ids"]).len(),
+        sampling: SamplingConfig::greedy(),
+        eos: vec![2],
+        ..GenerationConfig::default()
+    };
+    let out = generate(&lm, None, &[chat_ids], &config, &mut |_, _| {})
+        .unwrap()
+        .remove(0);
+    assert_eq!(out.ids, ids(&want["greedy_ids"]));
+}

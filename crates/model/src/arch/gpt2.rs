@@ -1,0 +1,172 @@
+//! `GPT2LMHeadModel`: learned positions, LayerNorm with bias, biases everywhere, a plain GELU MLP, and `Conv1D`
+//! weights stored `[in, out]`, with the query, key and value fused in `c_attn`.
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{Family, TensorSource, activation, from_value, split_layer};
+use crate::spec::{Biases, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
+use crate::tensors::{EMBED, LM_HEAD, POS_EMBED, TensorSpec};
+
+/// The GPT-2 family.
+pub struct Gpt2;
+
+#[derive(Deserialize)]
+struct Gpt2Config {
+    vocab_size: usize,
+    n_positions: usize,
+    n_embd: usize,
+    n_layer: usize,
+    n_head: usize,
+    n_inner: Option<usize>,
+    #[serde(default = "default_act")]
+    activation_function: String,
+    #[serde(default = "default_eps")]
+    layer_norm_epsilon: f64,
+    #[serde(default = "default_true")]
+    tie_word_embeddings: bool,
+    #[serde(default = "default_true")]
+    scale_attn_weights: bool,
+    #[serde(default)]
+    scale_attn_by_inverse_layer_idx: bool,
+}
+
+fn default_act() -> String {
+    "gelu_new".to_string()
+}
+
+fn default_eps() -> f64 {
+    1e-5
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl Family for Gpt2 {
+    fn architecture(&self) -> &'static str {
+        "GPT2LMHeadModel"
+    }
+
+    fn parse_config(&self, config: &Value) -> Result<ModelSpec, String> {
+        let c: Gpt2Config = from_value(config)?;
+        if c.scale_attn_by_inverse_layer_idx {
+            return Err("`scale_attn_by_inverse_layer_idx: true` is not supported".to_string());
+        }
+        if c.n_head == 0 {
+            return Err("`n_head` must be positive".to_string());
+        }
+        Ok(ModelSpec {
+            architecture: self.architecture().to_string(),
+            vocab_size: c.vocab_size,
+            hidden_size: c.n_embd,
+            num_layers: c.n_layer,
+            num_heads: c.n_head,
+            num_kv_heads: c.n_head,
+            head_dim: c.n_embd / c.n_head,
+            intermediate_size: c.n_inner.unwrap_or(4 * c.n_embd),
+            norm: NormSpec {
+                kind: NormKind::LayerNorm,
+                eps: c.layer_norm_epsilon,
+                bias: true,
+            },
+            residual: Residual::Sequential,
+            positions: Positions::Learned,
+            activation: activation("activation_function", &c.activation_function)?,
+            mlp: MlpKind::Plain,
+            biases: Biases {
+                qkv: true,
+                attn_out: true,
+                mlp_in: true,
+                mlp_out: true,
+            },
+            qk_norm: false,
+            attention_windows: vec![None; c.n_layer],
+            attention_scale: (!c.scale_attn_weights).then_some(1.0),
+            tied_embeddings: c.tie_word_embeddings,
+            context_length: c.n_positions,
+        })
+    }
+
+    fn source(&self, spec: &ModelSpec, tensor: &TensorSpec) -> TensorSource {
+        let h = spec.hidden_size;
+        match tensor.name.as_str() {
+            EMBED => return TensorSource::whole("transformer.wte.weight", tensor),
+            POS_EMBED => return TensorSource::whole("transformer.wpe.weight", tensor),
+            LM_HEAD => return TensorSource::whole("lm_head.weight", tensor),
+            _ => {}
+        }
+        if let Some(param) = tensor.name.strip_prefix("final_norm.") {
+            return TensorSource::whole(format!("transformer.ln_f.{param}"), tensor);
+        }
+        let Some((layer, suffix)) = split_layer(&tensor.name) else {
+            return TensorSource::whole(tensor.name.clone(), tensor);
+        };
+        let (module, param) = suffix.rsplit_once('.').unwrap_or((suffix, ""));
+        let prefix = format!("transformer.h.{layer}");
+        let conv1d =
+            |hf: &str| TensorSource::whole(format!("{prefix}.{hf}.{param}"), tensor).transposed();
+        let c_attn = |rows: std::ops::Range<usize>| {
+            let fused = if param == "weight" {
+                vec![3 * h, h]
+            } else {
+                vec![3 * h]
+            };
+            TensorSource::fused(format!("{prefix}.attn.c_attn.{param}"), fused, vec![rows])
+                .transposed()
+        };
+        match module {
+            "attn_norm" => TensorSource::whole(format!("{prefix}.ln_1.{param}"), tensor),
+            "mlp_norm" => TensorSource::whole(format!("{prefix}.ln_2.{param}"), tensor),
+            "attn.q" => c_attn(0..h),
+            "attn.k" => c_attn(h..2 * h),
+            "attn.v" => c_attn(2 * h..3 * h),
+            "attn.o" => conv1d("attn.c_proj"),
+            "mlp.up" => conv1d("mlp.c_fc"),
+            "mlp.down" => conv1d("mlp.c_proj"),
+            _ => TensorSource::whole(format!("{prefix}.{suffix}"), tensor),
+        }
+    }
+
+    fn to_config(&self, spec: &ModelSpec) -> Result<Value, String> {
+        let expressible = matches!(spec.positions, Positions::Learned)
+            && spec.norm.kind == NormKind::LayerNorm
+            && spec.norm.bias
+            && spec.mlp == MlpKind::Plain
+            && spec.residual == Residual::Sequential
+            && spec.biases
+                == (Biases {
+                    qkv: true,
+                    attn_out: true,
+                    mlp_in: true,
+                    mlp_out: true,
+                })
+            && spec.num_kv_heads == spec.num_heads
+            && spec.head_dim * spec.num_heads == spec.hidden_size
+            && !spec.qk_norm
+            && spec.attention_windows.iter().all(Option::is_none)
+            && matches!(spec.attention_scale, None | Some(1.0));
+        if !expressible {
+            return Err(
+                "GPT-2 needs learned positions, LayerNorm, a plain MLP, biases everywhere, \
+                        multi-head attention and no windows"
+                    .to_string(),
+            );
+        }
+        Ok(json!({
+            "architectures": [self.architecture()],
+            "model_type": "gpt2",
+            "vocab_size": spec.vocab_size,
+            "n_positions": spec.context_length,
+            "n_embd": spec.hidden_size,
+            "n_layer": spec.num_layers,
+            "n_head": spec.num_heads,
+            "n_inner": spec.intermediate_size,
+            "activation_function": spec.activation.hf_name(),
+            "layer_norm_epsilon": spec.norm.eps,
+            "tie_word_embeddings": spec.tied_embeddings,
+            "scale_attn_weights": spec.attention_scale.is_none(),
+            "torch_dtype": "float32",
+        }))
+    }
+}

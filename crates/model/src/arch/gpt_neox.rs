@@ -1,0 +1,200 @@
+//! `GPTNeoXForCausalLM` (Pythia): query, key and value fused in `query_key_value` and interleaved per head
+//! (`[heads, 3, head_dim]` rows), partial rotary (`rotary_pct`), parallel residual, LayerNorm, untied `embed_out`.
+
+use ember_attention::RopeLayout;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{Family, TensorSource, activation, from_value, rope, split_layer};
+use crate::spec::{Biases, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
+use crate::tensors::{EMBED, LM_HEAD, TensorSpec};
+
+/// The GPT-NeoX family.
+pub struct GptNeoX;
+
+#[derive(Deserialize)]
+struct GptNeoXConfig {
+    vocab_size: usize,
+    hidden_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    intermediate_size: usize,
+    #[serde(default = "default_act")]
+    hidden_act: String,
+    #[serde(default = "default_positions")]
+    max_position_embeddings: usize,
+    #[serde(default = "default_eps")]
+    layer_norm_eps: f64,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    #[serde(default = "default_true")]
+    use_parallel_residual: bool,
+    #[serde(default = "default_true")]
+    attention_bias: bool,
+}
+
+fn default_act() -> String {
+    "gelu".to_string()
+}
+
+fn default_positions() -> usize {
+    2048
+}
+
+fn default_eps() -> f64 {
+    1e-5
+}
+
+fn default_true() -> bool {
+    true
+}
+
+const NEOX_ROPE: rope::RopeKeys = rope::RopeKeys {
+    theta_key: "rotary_emb_base",
+    partial_key: "rotary_pct",
+    default_partial: 0.25,
+};
+
+impl Family for GptNeoX {
+    fn architecture(&self) -> &'static str {
+        "GPTNeoXForCausalLM"
+    }
+
+    fn parse_config(&self, config: &Value) -> Result<ModelSpec, String> {
+        let c: GptNeoXConfig = from_value(config)?;
+        if c.num_attention_heads == 0 {
+            return Err("`num_attention_heads` must be positive".to_string());
+        }
+        let head_dim = c.hidden_size / c.num_attention_heads;
+        Ok(ModelSpec {
+            architecture: self.architecture().to_string(),
+            vocab_size: c.vocab_size,
+            hidden_size: c.hidden_size,
+            num_layers: c.num_hidden_layers,
+            num_heads: c.num_attention_heads,
+            num_kv_heads: c.num_attention_heads,
+            head_dim,
+            intermediate_size: c.intermediate_size,
+            norm: NormSpec {
+                kind: NormKind::LayerNorm,
+                eps: c.layer_norm_eps,
+                bias: true,
+            },
+            residual: if c.use_parallel_residual {
+                Residual::Parallel
+            } else {
+                Residual::Sequential
+            },
+            positions: Positions::Rope(rope::parse(
+                config,
+                &NEOX_ROPE,
+                head_dim,
+                c.max_position_embeddings,
+            )?),
+            activation: activation("hidden_act", &c.hidden_act)?,
+            mlp: MlpKind::Plain,
+            biases: Biases {
+                qkv: c.attention_bias,
+                attn_out: c.attention_bias,
+                mlp_in: true,
+                mlp_out: true,
+            },
+            qk_norm: false,
+            attention_windows: vec![None; c.num_hidden_layers],
+            attention_scale: None,
+            tied_embeddings: c.tie_word_embeddings,
+            context_length: c.max_position_embeddings,
+        })
+    }
+
+    fn source(&self, spec: &ModelSpec, tensor: &TensorSpec) -> TensorSource {
+        match tensor.name.as_str() {
+            EMBED => return TensorSource::whole("gpt_neox.embed_in.weight", tensor),
+            LM_HEAD => return TensorSource::whole("embed_out.weight", tensor),
+            _ => {}
+        }
+        if let Some(param) = tensor.name.strip_prefix("final_norm.") {
+            return TensorSource::whole(format!("gpt_neox.final_layer_norm.{param}"), tensor);
+        }
+        let Some((layer, suffix)) = split_layer(&tensor.name) else {
+            return TensorSource::whole(tensor.name.clone(), tensor);
+        };
+        let (module, param) = suffix.rsplit_once('.').unwrap_or((suffix, ""));
+        let prefix = format!("gpt_neox.layers.{layer}");
+        // Output rows of query_key_value are [head][q|k|v][head_dim]: part `which` of every head.
+        let (h, d) = (spec.hidden_size, spec.head_dim);
+        let qkv = |which: usize| {
+            let rows = (0..spec.num_heads)
+                .map(|head| (head * 3 + which) * d..(head * 3 + which + 1) * d)
+                .collect();
+            let fused = if param == "weight" {
+                vec![3 * h, h]
+            } else {
+                vec![3 * h]
+            };
+            TensorSource::fused(
+                format!("{prefix}.attention.query_key_value.{param}"),
+                fused,
+                rows,
+            )
+        };
+        let hf = match module {
+            "attn.q" => return qkv(0),
+            "attn.k" => return qkv(1),
+            "attn.v" => return qkv(2),
+            "attn_norm" => "input_layernorm",
+            "mlp_norm" => "post_attention_layernorm",
+            "attn.o" => "attention.dense",
+            "mlp.up" => "mlp.dense_h_to_4h",
+            "mlp.down" => "mlp.dense_4h_to_h",
+            other => other,
+        };
+        TensorSource::whole(format!("{prefix}.{hf}.{param}"), tensor)
+    }
+
+    fn to_config(&self, spec: &ModelSpec) -> Result<Value, String> {
+        let b = spec.biases;
+        let Positions::Rope(rope) = &spec.positions else {
+            return Err("GPT-NeoX uses RoPE".to_string());
+        };
+        let expressible = spec.norm.kind == NormKind::LayerNorm
+            && spec.norm.bias
+            && spec.mlp == MlpKind::Plain
+            && b.qkv == b.attn_out
+            && b.mlp_in
+            && b.mlp_out
+            && spec.num_kv_heads == spec.num_heads
+            && spec.head_dim * spec.num_heads == spec.hidden_size
+            && !spec.qk_norm
+            && spec.attention_windows.iter().all(Option::is_none)
+            && spec.attention_scale.is_none()
+            && rope.layout == RopeLayout::RotateHalf;
+        if !expressible {
+            return Err("GPT-NeoX needs LayerNorm, a plain biased MLP, multi-head attention, rotate-half RoPE \
+                        and no windows"
+                .to_string());
+        }
+        let mut params = rope::to_parameters(rope);
+        let partial = rope.rotary_dim as f64 / rope.head_dim as f64;
+        params["partial_rotary_factor"] = json!(partial);
+        Ok(json!({
+            "architectures": [self.architecture()],
+            "model_type": "gpt_neox",
+            "vocab_size": spec.vocab_size,
+            "hidden_size": spec.hidden_size,
+            "num_hidden_layers": spec.num_layers,
+            "num_attention_heads": spec.num_heads,
+            "intermediate_size": spec.intermediate_size,
+            "hidden_act": spec.activation.hf_name(),
+            "max_position_embeddings": spec.context_length,
+            "layer_norm_eps": spec.norm.eps,
+            "tie_word_embeddings": spec.tied_embeddings,
+            "use_parallel_residual": spec.residual == Residual::Parallel,
+            "attention_bias": b.qkv,
+            "rotary_pct": partial,
+            "rotary_emb_base": rope.theta,
+            "rope_parameters": params,
+            "torch_dtype": "float32",
+        }))
+    }
+}

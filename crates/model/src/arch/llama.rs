@@ -1,0 +1,170 @@
+//! `LlamaForCausalLM`: LLaMA 1/2/3 (with `llama3` / `linear` / `dynamic` rope scaling), SmolLM, TinyLlama, and
+//! ember's own models. Also the shared config reader of the LLaMA lineage (Mistral, Qwen2/3, Phi-3).
+
+use ember_attention::RopeLayout;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{Family, TensorSource, activation, from_value, hf_names, rope};
+use crate::spec::{Biases, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
+use crate::tensors::TensorSpec;
+
+/// The LLaMA family.
+pub struct Llama;
+
+/// The config keys every LLaMA-lineage family shares; family-specific keys are read by the family itself.
+#[derive(Deserialize)]
+pub(crate) struct LineageConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    pub max_position_embeddings: Option<usize>,
+    pub rms_norm_eps: Option<f64>,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    #[serde(default)]
+    pub attention_bias: bool,
+    #[serde(default)]
+    pub mlp_bias: bool,
+}
+
+fn default_act() -> String {
+    "silu".to_string()
+}
+
+/// Family defaults for keys a config may omit.
+pub(crate) struct LineageDefaults {
+    pub architecture: &'static str,
+    pub rms_norm_eps: f64,
+    pub max_positions: usize,
+    pub head_dim: Option<usize>,
+}
+
+/// The spec of a LLaMA-lineage config, with biases from `attention_bias` (q, k, v, o) and `mlp_bias`, no windows.
+pub(crate) fn lineage_spec(
+    config: &Value,
+    defaults: &LineageDefaults,
+) -> Result<(LineageConfig, ModelSpec), String> {
+    let c: LineageConfig = from_value(config)?;
+    if c.num_attention_heads == 0 {
+        return Err("`num_attention_heads` must be positive".to_string());
+    }
+    let head_dim = c
+        .head_dim
+        .or(defaults.head_dim)
+        .unwrap_or(c.hidden_size / c.num_attention_heads);
+    let context_length = c.max_position_embeddings.unwrap_or(defaults.max_positions);
+    let rope = rope::parse(config, &rope::STANDARD, head_dim, context_length)?;
+    let spec = ModelSpec {
+        architecture: defaults.architecture.to_string(),
+        vocab_size: c.vocab_size,
+        hidden_size: c.hidden_size,
+        num_layers: c.num_hidden_layers,
+        num_heads: c.num_attention_heads,
+        num_kv_heads: c.num_key_value_heads.unwrap_or(c.num_attention_heads),
+        head_dim,
+        intermediate_size: c.intermediate_size,
+        norm: NormSpec {
+            kind: NormKind::RmsNorm,
+            eps: c.rms_norm_eps.unwrap_or(defaults.rms_norm_eps),
+            bias: false,
+        },
+        residual: Residual::Sequential,
+        positions: Positions::Rope(rope),
+        activation: activation("hidden_act", &c.hidden_act)?,
+        mlp: MlpKind::Gated,
+        biases: Biases {
+            qkv: c.attention_bias,
+            attn_out: c.attention_bias,
+            mlp_in: c.mlp_bias,
+            mlp_out: c.mlp_bias,
+        },
+        qk_norm: false,
+        attention_windows: vec![None; c.num_hidden_layers],
+        attention_scale: None,
+        tied_embeddings: c.tie_word_embeddings,
+        context_length,
+    };
+    Ok((c, spec))
+}
+
+/// The config keys of the LLaMA lineage for `spec` (family-specific keys are added by the caller).
+pub(crate) fn lineage_config(
+    spec: &ModelSpec,
+    architecture: &str,
+    model_type: &str,
+) -> Result<Value, String> {
+    let Positions::Rope(rope) = &spec.positions else {
+        return Err("learned position embeddings are not expressible (needs RoPE)".to_string());
+    };
+    if spec.norm.kind != NormKind::RmsNorm
+        || spec.residual != Residual::Sequential
+        || spec.mlp != MlpKind::Gated
+    {
+        return Err("needs RMSNorm, a sequential residual and a gated MLP".to_string());
+    }
+    if rope.layout != RopeLayout::RotateHalf || spec.attention_scale.is_some() {
+        return Err("needs rotate-half RoPE and the default attention scale".to_string());
+    }
+    Ok(json!({
+        "architectures": [architecture],
+        "model_type": model_type,
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "hidden_act": spec.activation.hf_name(),
+        "max_position_embeddings": spec.context_length,
+        "rms_norm_eps": spec.norm.eps,
+        "tie_word_embeddings": spec.tied_embeddings,
+        "rope_theta": rope.theta,
+        "rope_parameters": rope::to_parameters(rope),
+        "torch_dtype": "float32",
+    }))
+}
+
+impl Family for Llama {
+    fn architecture(&self) -> &'static str {
+        "LlamaForCausalLM"
+    }
+
+    fn parse_config(&self, config: &Value) -> Result<ModelSpec, String> {
+        let defaults = LineageDefaults {
+            architecture: self.architecture(),
+            rms_norm_eps: 1e-6,
+            max_positions: 2048,
+            head_dim: None,
+        };
+        Ok(lineage_spec(config, &defaults)?.1)
+    }
+
+    fn source(&self, _spec: &ModelSpec, tensor: &TensorSpec) -> TensorSource {
+        hf_names::llama_source(tensor)
+    }
+
+    fn to_config(&self, spec: &ModelSpec) -> Result<Value, String> {
+        let b = spec.biases;
+        if b.qkv != b.attn_out || b.mlp_in != b.mlp_out {
+            return Err(
+                "LLaMA biases are all-or-nothing per sublayer (attention_bias, mlp_bias)"
+                    .to_string(),
+            );
+        }
+        if spec.qk_norm || spec.attention_windows.iter().any(Option::is_some) {
+            return Err("LLaMA has no Q/K norm and no sliding windows".to_string());
+        }
+        let mut config = lineage_config(spec, self.architecture(), "llama")?;
+        config["attention_bias"] = json!(b.qkv);
+        config["mlp_bias"] = json!(b.mlp_in);
+        Ok(config)
+    }
+}

@@ -1,0 +1,177 @@
+//! The architecture registry: `config.json`'s `architectures[0]` selects a [`Family`], which parses the config
+//! into a [`ModelSpec`] and maps our canonical tensor names to the checkpoint's.
+//!
+//! Adding a family is one file in this directory and one line in [`REGISTRY`] (see docs/ARCHITECTURES.md).
+
+use std::ops::Range;
+use std::path::Path;
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::error::{ModelError, Result};
+use crate::spec::ModelSpec;
+use crate::tensors::TensorSpec;
+
+mod gpt2;
+mod gpt_neo;
+mod gpt_neox;
+mod hf_names;
+mod llama;
+mod mistral;
+mod phi3;
+mod qwen2;
+mod qwen3;
+mod rope;
+
+/// How a stored tensor is laid out relative to our canonical orientation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Same orientation as the canonical tensor (`[out, in]` for linear weights, PyTorch `nn.Linear`).
+    Canonical,
+    /// A linear weight stored `[in, out]` (GPT-2's `Conv1D`).
+    Transposed,
+}
+
+/// Where one canonical tensor lives in a checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSource {
+    /// The checkpoint's tensor name.
+    pub name: String,
+    /// Orientation of the stored tensor.
+    pub layout: Layout,
+    /// The stored tensor's full shape, as in the file.
+    pub stored_shape: Vec<usize>,
+    /// For fused tensors: the output rows (in canonical orientation) that make up this canonical tensor, in
+    /// order; `None` takes the whole tensor.
+    pub rows: Option<Vec<Range<usize>>>,
+}
+
+impl TensorSource {
+    /// A tensor stored whole, in canonical orientation.
+    pub fn whole(name: impl Into<String>, canonical: &TensorSpec) -> Self {
+        TensorSource {
+            name: name.into(),
+            layout: Layout::Canonical,
+            stored_shape: canonical.shape.clone(),
+            rows: None,
+        }
+    }
+
+    /// A slice of a fused tensor: `rows` of a stored tensor whose canonical-orientation shape is `fused_shape`.
+    pub fn fused(
+        name: impl Into<String>,
+        fused_shape: Vec<usize>,
+        rows: Vec<Range<usize>>,
+    ) -> Self {
+        TensorSource {
+            name: name.into(),
+            layout: Layout::Canonical,
+            stored_shape: fused_shape,
+            rows: Some(rows),
+        }
+    }
+
+    /// The same source with a `[in, out]` stored layout (the stored shape is swapped accordingly).
+    pub fn transposed(mut self) -> Self {
+        if self.stored_shape.len() == 2 {
+            self.layout = Layout::Transposed;
+            self.stored_shape.swap(0, 1);
+        }
+        self
+    }
+}
+
+/// One model family: its config format and its checkpoint naming.
+pub trait Family: Sync {
+    /// The Hugging Face architecture name (`architectures[0]`).
+    fn architecture(&self) -> &'static str;
+
+    /// Builds the spec from a parsed `config.json`. Errors are messages naming the key; the caller adds the file.
+    fn parse_config(&self, config: &Value) -> Result<ModelSpec, String>;
+
+    /// Where the canonical tensor `tensor` of a model with `spec` is stored.
+    fn source(&self, spec: &ModelSpec, tensor: &TensorSpec) -> TensorSource;
+
+    /// The `config.json` that makes `transformers` rebuild exactly `spec`, or why this family cannot express it.
+    fn to_config(&self, spec: &ModelSpec) -> Result<Value, String>;
+}
+
+/// Every supported family. Keep in sync with docs/ARCHITECTURES.md.
+pub static REGISTRY: &[&dyn Family] = &[
+    &gpt2::Gpt2,
+    &llama::Llama,
+    &mistral::Mistral,
+    &qwen2::Qwen2,
+    &qwen3::Qwen3,
+    &phi3::Phi3,
+    &gpt_neox::GptNeoX,
+    &gpt_neo::GptNeo,
+];
+
+/// The names of all supported architectures.
+pub fn supported() -> Vec<&'static str> {
+    REGISTRY.iter().map(|f| f.architecture()).collect()
+}
+
+/// The family registered under `architecture`.
+pub fn family(architecture: &str) -> Option<&'static dyn Family> {
+    REGISTRY
+        .iter()
+        .copied()
+        .find(|f| f.architecture() == architecture)
+}
+
+/// Parses `config` (the contents of the file at `path`, used in error messages) into its family and spec.
+pub fn parse_config_value(config: &Value, path: &Path) -> Result<(&'static dyn Family, ModelSpec)> {
+    let config_error = |message: String| ModelError::Config {
+        path: path.to_path_buf(),
+        message,
+    };
+    let architecture = config
+        .get("architectures")
+        .and_then(|a| a.get(0))
+        .and_then(Value::as_str)
+        .ok_or_else(|| {
+            config_error("missing key `architectures` (a list naming the model class)".to_string())
+        })?;
+    let family = family(architecture).ok_or_else(|| ModelError::UnknownArchitecture {
+        path: path.to_path_buf(),
+        found: architecture.to_string(),
+        supported: supported(),
+    })?;
+    let spec = family.parse_config(config).map_err(config_error)?;
+    spec.validate().map_err(|e| config_error(e.to_string()))?;
+    Ok((family, spec))
+}
+
+/// Reads and parses a `config.json`.
+pub fn read_config(path: &Path) -> Result<(&'static dyn Family, ModelSpec)> {
+    let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let value: Value = serde_json::from_str(&text).map_err(|e| ModelError::Config {
+        path: path.to_path_buf(),
+        message: format!("invalid JSON: {e}"),
+    })?;
+    parse_config_value(&value, path)
+}
+
+/// Deserialises a family's config struct, turning serde's error into a message that names the key.
+pub(crate) fn from_value<T: DeserializeOwned>(config: &Value) -> Result<T, String> {
+    serde_json::from_value(config.clone()).map_err(|e| format!("{e}"))
+}
+
+/// Parses a Hugging Face activation name, naming the key on failure.
+pub(crate) fn activation(key: &str, name: &str) -> Result<crate::spec::Activation, String> {
+    crate::spec::Activation::from_hf(name)
+        .ok_or_else(|| format!("unsupported `{key}` value `{name}` (supported: gelu, gelu_new, gelu_pytorch_tanh, silu, relu)"))
+}
+
+/// The `layer` index and the suffix after it of a canonical per-layer name (`layers.3.attn.q.weight`).
+pub fn split_layer(name: &str) -> Option<(usize, &str)> {
+    let rest = name.strip_prefix("layers.")?;
+    let (index, suffix) = rest.split_once('.')?;
+    Some((index.parse().ok()?, suffix))
+}

@@ -1,0 +1,85 @@
+//! `Phi3ForCausalLM`: the LLaMA lineage with the query, key and value projections fused into `qkv_proj`
+//! (`[q; k; v]` rows) and the gate and up projections fused into `gate_up_proj` (`[gate; up]` rows).
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::llama::{LineageDefaults, lineage_config, lineage_spec};
+use super::{Family, TensorSource, from_value, hf_names, split_layer};
+use crate::spec::ModelSpec;
+use crate::tensors::TensorSpec;
+
+/// The Phi-3 family.
+pub struct Phi3;
+
+#[derive(Deserialize)]
+struct Phi3Keys {
+    sliding_window: Option<usize>,
+}
+
+impl Family for Phi3 {
+    fn architecture(&self) -> &'static str {
+        "Phi3ForCausalLM"
+    }
+
+    fn parse_config(&self, config: &Value) -> Result<ModelSpec, String> {
+        let defaults = LineageDefaults {
+            architecture: self.architecture(),
+            rms_norm_eps: 1e-5,
+            max_positions: 4096,
+            head_dim: None,
+        };
+        let (_, mut spec) = lineage_spec(config, &defaults)?;
+        spec.biases = Default::default();
+        let keys: Phi3Keys = from_value(config)?;
+        spec.attention_windows = vec![keys.sliding_window; spec.num_layers];
+        Ok(spec)
+    }
+
+    fn source(&self, spec: &ModelSpec, tensor: &TensorSpec) -> TensorSource {
+        let Some((layer, suffix)) = split_layer(&tensor.name) else {
+            return hf_names::llama_source(tensor);
+        };
+        let (h, q, kv, ff) = (
+            spec.hidden_size,
+            spec.q_dim(),
+            spec.kv_dim(),
+            spec.intermediate_size,
+        );
+        let qkv = |rows| {
+            TensorSource::fused(
+                format!("model.layers.{layer}.self_attn.qkv_proj.weight"),
+                vec![q + 2 * kv, h],
+                vec![rows],
+            )
+        };
+        let gate_up = |rows| {
+            TensorSource::fused(
+                format!("model.layers.{layer}.mlp.gate_up_proj.weight"),
+                vec![2 * ff, h],
+                vec![rows],
+            )
+        };
+        match suffix {
+            "attn.q.weight" => qkv(0..q),
+            "attn.k.weight" => qkv(q..q + kv),
+            "attn.v.weight" => qkv(q + kv..q + 2 * kv),
+            "mlp.gate.weight" => gate_up(0..ff),
+            "mlp.up.weight" => gate_up(ff..2 * ff),
+            _ => hf_names::llama_source(tensor),
+        }
+    }
+
+    fn to_config(&self, spec: &ModelSpec) -> Result<Value, String> {
+        let window = spec.attention_windows.first().copied().flatten();
+        if spec.attention_windows.iter().any(|w| *w != window) {
+            return Err("Phi-3 uses one window for every layer".to_string());
+        }
+        if spec.biases != Default::default() || spec.qk_norm {
+            return Err("Phi-3 has no biases and no Q/K norm".to_string());
+        }
+        let mut config = lineage_config(spec, self.architecture(), "phi3")?;
+        config["sliding_window"] = json!(window);
+        Ok(config)
+    }
+}

@@ -1,0 +1,160 @@
+//! GGUF v2/v3 reading: header, metadata, tensor infos and dequantization.
+//!
+//! [`GgufFile::open`] memory-maps a file and parses its structure; tensors are dequantized to f32 on request with
+//! [`GgufFile::tensor_f32`], so only the tensors a model asks for are ever expanded. [`llama`] maps the `llama`
+//! architecture to a [`crate::ModelSpec`] and canonical tensors; [`tokenizer_vocab`] extracts the embedded
+//! tokenizer.
+
+mod dequant;
+mod error;
+mod ggml_type;
+pub mod llama;
+mod metadata;
+mod reader;
+mod vocab;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+
+pub use dequant::dequantize;
+pub use error::GgufError;
+pub use ggml_type::GgmlType;
+pub use metadata::MetadataValue;
+pub use reader::{DEFAULT_ALIGNMENT, TensorInfo};
+pub use vocab::{CHAT_TEMPLATE, chat_template, tokenizer_vocab};
+
+/// An open GGUF file: its parsed header over a read-only memory map of the whole file.
+#[derive(Debug)]
+pub struct GgufFile {
+    path: PathBuf,
+    map: Mmap,
+    header: reader::Header,
+}
+
+impl GgufFile {
+    /// Maps and parses the GGUF file at `path`, checking that every tensor of a known type lies inside it.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
+        let path = path.as_ref().to_path_buf();
+        let io = |source| GgufError::Io {
+            path: path.clone(),
+            source,
+        };
+        let file = File::open(&path).map_err(io)?;
+        // SAFETY: the map is read-only and private to this process. Like every memory-mapped model loader we rely on
+        // the file not being truncated or rewritten while it is open; all reads of it are bounds-checked against the
+        // length seen at open time.
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let header = reader::parse_header(&map, &path)?;
+        Ok(Self { path, map, header })
+    }
+
+    /// The file this was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The GGUF version (2 or 3).
+    pub fn version(&self) -> u32 {
+        self.header.version
+    }
+
+    /// The alignment of tensor data in bytes (`general.alignment`, default 32).
+    pub fn alignment(&self) -> u64 {
+        self.header.alignment
+    }
+
+    /// All metadata in file order.
+    pub fn metadata(&self) -> &[(String, MetadataValue)] {
+        &self.header.metadata
+    }
+
+    /// The metadata value under `key`, if present.
+    pub fn get(&self, key: &str) -> Option<&MetadataValue> {
+        self.header
+            .metadata
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
+    }
+
+    /// All tensor infos in file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.header.tensors
+    }
+
+    /// The info of the tensor called `name`.
+    pub fn tensor_info(&self, name: &str) -> Result<&TensorInfo, GgufError> {
+        self.header
+            .tensors
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| GgufError::MissingTensor {
+                path: self.path.clone(),
+                tensor: name.to_string(),
+            })
+    }
+
+    /// The raw bytes of the tensor called `name`, as stored.
+    pub fn tensor_bytes(&self, name: &str) -> Result<&[u8], GgufError> {
+        let info = self.tensor_info(name)?;
+        let n_bytes = info.n_bytes().ok_or_else(|| self.unsupported(info))?;
+        // `parse_header` checked that offset + n_bytes lies inside the map.
+        Ok(&self.map[info.offset as usize..(info.offset + n_bytes) as usize])
+    }
+
+    /// The tensor called `name` dequantized to f32: `(shape outermost first, values in row-major order)`.
+    pub fn tensor_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>), GgufError> {
+        let info = self.tensor_info(name)?;
+        let bytes = self.tensor_bytes(name)?;
+        let values = dequantize(info.ggml_type, bytes).ok_or_else(|| self.unsupported(info))?;
+        Ok((info.shape(), values))
+    }
+
+    fn unsupported(&self, info: &TensorInfo) -> GgufError {
+        GgufError::UnsupportedType {
+            path: self.path.clone(),
+            tensor: info.name.clone(),
+            ggml_type: info.ggml_type.to_string(),
+            supported: GgmlType::SUPPORTED,
+        }
+    }
+
+    /// The metadata value under `key`, or an error naming the key when it is absent.
+    pub fn require(&self, key: &str) -> Result<&MetadataValue, GgufError> {
+        self.get(key)
+            .ok_or_else(|| self.metadata_error(key, "a value", "missing".into()))
+    }
+
+    /// The unsigned integer under `key`, or an error naming the key and what was found.
+    pub fn require_u64(&self, key: &str) -> Result<u64, GgufError> {
+        let v = self.require(key)?;
+        v.as_u64()
+            .ok_or_else(|| self.metadata_error(key, "an unsigned integer", v.type_name()))
+    }
+
+    /// The float under `key`, or an error naming the key and what was found.
+    pub fn require_f64(&self, key: &str) -> Result<f64, GgufError> {
+        let v = self.require(key)?;
+        v.as_f64()
+            .ok_or_else(|| self.metadata_error(key, "a float", v.type_name()))
+    }
+
+    /// The string under `key`, or an error naming the key and what was found.
+    pub fn require_str(&self, key: &str) -> Result<&str, GgufError> {
+        let v = self.require(key)?;
+        v.as_str()
+            .ok_or_else(|| self.metadata_error(key, "a string", v.type_name()))
+    }
+
+    /// An error for metadata key `key` that should have been `expected`.
+    pub fn metadata_error(&self, key: &str, expected: &str, found: String) -> GgufError {
+        GgufError::Metadata {
+            path: self.path.clone(),
+            key: key.to_string(),
+            expected: expected.to_string(),
+            found,
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! ember model: decoder-only transformers described by a `ModelSpec`, built from Hugging Face configs, loading
+//! safetensors and GGUF weights.
+
+pub mod arch;
+pub mod error;
+pub mod gguf;
+mod load;
+pub mod nn;
+mod save;
+pub mod spec;
+pub mod tensors;
+mod transformer;
+pub mod weights;
+
+pub use ember_attention::{AttentionBackend, AttentionKernel, RopeConfig, RopeLayout, RopeScaling};
+pub use error::{ModelError, Result};
+pub use load::{Loaded, ModelDir, load};
+pub use save::save;
+pub use spec::{Activation, Biases, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
+pub use transformer::{Step, Transformer};

@@ -1,0 +1,41 @@
+//! LayerNorm and RMSNorm behind one module, chosen by the spec.
+
+use burn::module::{Module, Param};
+use burn::tensor::{Tensor, backend::Backend};
+
+use crate::spec::NormKind;
+
+/// A normalisation over the last dimension.
+#[derive(Module, Debug)]
+pub struct Norm<B: Backend> {
+    /// Scale `[dim]`.
+    pub weight: Param<Tensor<B, 1>>,
+    /// Shift `[dim]` (LayerNorm with bias only).
+    pub bias: Option<Param<Tensor<B, 1>>>,
+    /// LayerNorm or RMSNorm.
+    #[module(skip)]
+    pub kind: NormKind,
+    /// Added to the variance (or mean square) before the square root.
+    pub eps: f64,
+}
+
+impl<B: Backend> Norm<B> {
+    /// Normalises `x` `[..., dim]` over its last dimension.
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let normalised = match self.kind {
+            NormKind::LayerNorm => {
+                let (var, mean) = x.clone().var_mean_bias(D - 1);
+                (x - mean) / (var + self.eps).sqrt()
+            }
+            NormKind::RmsNorm => {
+                let rms = (x.clone().square().mean_dim(D - 1) + self.eps).sqrt();
+                x / rms
+            }
+        };
+        let scaled = normalised * self.weight.val().unsqueeze();
+        match &self.bias {
+            Some(bias) => scaled + bias.val().unsqueeze(),
+            None => scaled,
+        }
+    }
+}

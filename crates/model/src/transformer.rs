@@ -1,0 +1,357 @@
+//! [`Transformer`]: the one decoder-only model every family runs through, configured by its [`ModelSpec`].
+
+use std::collections::HashMap;
+
+use burn::module::{Module, Param};
+use burn::tensor::backend::Backend;
+use burn::tensor::{
+    Bool, ElementConversion, Int, Tensor, TensorData, module::embedding, module::linear,
+};
+use ember_attention::{AttentionBackend, AttentionKernel, KvCache, Rope};
+
+use crate::error::{ModelError, Result};
+use crate::nn::attention::Positions as At;
+use crate::nn::{Block, Linear, Mlp, Norm, SelfAttention};
+use crate::spec::{ModelSpec, Positions};
+use crate::tensors::{EMBED, FINAL_NORM, LM_HEAD, POS_EMBED, TensorSpec, layer_name};
+use crate::weights::{Progress, RandomInit, WeightSource};
+
+/// A decoder-only transformer: embeddings, blocks, final norm, LM head.
+#[derive(Module, Debug)]
+pub struct Transformer<B: Backend> {
+    /// Token embeddings `[vocab, hidden]` (also the LM head when tied).
+    pub embed: Param<Tensor<B, 2>>,
+    /// Learned positions `[context_length, hidden]` (GPT-2, GPT-Neo).
+    pub pos_embed: Option<Param<Tensor<B, 2>>>,
+    /// The blocks.
+    pub layers: Vec<Block<B>>,
+    /// Norm before the LM head.
+    pub final_norm: Norm<B>,
+    /// Untied LM head `[vocab, hidden]`.
+    pub lm_head: Option<Linear<B>>,
+    #[module(skip)]
+    spec: ModelSpec,
+    #[module(skip)]
+    kernel: AttentionKernel,
+}
+
+/// Optional inputs of a forward call beyond the tokens.
+pub struct Step<'a, B: AttentionBackend> {
+    /// KV cache: its length is the position of the first token, and every layer appends to it.
+    pub cache: Option<&'a mut dyn KvCache<B>>,
+    /// Per-row positions `[batch, seq]` (left-padded batches); default `cached..cached + seq` for every row.
+    pub positions: Option<Tensor<B, 2, Int>>,
+    /// Padding keys `[batch, cached + seq]`, `true` = never attended to.
+    pub key_padding: Option<Tensor<B, 2, Bool>>,
+}
+
+impl<B: AttentionBackend> Default for Step<'_, B> {
+    fn default() -> Self {
+        Step {
+            cache: None,
+            positions: None,
+            key_padding: None,
+        }
+    }
+}
+
+/// Builds modules from a [`WeightSource`], visiting each canonical tensor once.
+struct Builder<'a, 'p, B: AttentionBackend> {
+    expected: HashMap<String, TensorSpec>,
+    source: &'a mut dyn WeightSource,
+    device: &'a B::Device,
+    done: usize,
+    progress: Option<Progress<'p>>,
+}
+
+impl<B: AttentionBackend> Builder<'_, '_, B> {
+    fn optional<const D: usize>(&mut self, name: &str) -> Result<Option<Param<Tensor<B, D>>>> {
+        let Some(spec) = self.expected.get(name) else {
+            return Ok(None);
+        };
+        let values = self.source.take(spec)?;
+        let tensor =
+            Tensor::<B, D>::from_data(TensorData::new(values, spec.shape.clone()), self.device);
+        self.done += 1;
+        if let Some(progress) = self.progress.as_mut() {
+            progress(self.done, self.expected.len(), name);
+        }
+        Ok(Some(Param::from_tensor(tensor)))
+    }
+
+    fn required<const D: usize>(&mut self, name: &str) -> Result<Param<Tensor<B, D>>> {
+        self.optional(name)?
+            .ok_or_else(|| ModelError::InvalidSpec(format!("the spec has no tensor `{name}`")))
+    }
+
+    fn linear(&mut self, prefix: &str) -> Result<Linear<B>> {
+        Ok(Linear {
+            weight: self.required(&format!("{prefix}.weight"))?,
+            bias: self.optional(&format!("{prefix}.bias"))?,
+        })
+    }
+
+    fn norm(&mut self, prefix: &str, spec: &ModelSpec) -> Result<Norm<B>> {
+        Ok(Norm {
+            weight: self.required(&format!("{prefix}.weight"))?,
+            bias: self.optional(&format!("{prefix}.bias"))?,
+            kind: spec.norm.kind,
+            eps: spec.norm.eps,
+        })
+    }
+
+    fn block(&mut self, layer: usize, spec: &ModelSpec) -> Result<Block<B>> {
+        let name = |suffix: &str| layer_name(layer, suffix);
+        let attn_norm = self.norm(&name("attn_norm"), spec)?;
+        let (q, k, v) = (
+            self.linear(&name("attn.q"))?,
+            self.linear(&name("attn.k"))?,
+            self.linear(&name("attn.v"))?,
+        );
+        let (q_norm, k_norm) = if spec.qk_norm {
+            (
+                Some(self.norm(&name("attn.q_norm"), spec)?),
+                Some(self.norm(&name("attn.k_norm"), spec)?),
+            )
+        } else {
+            (None, None)
+        };
+        let o = self.linear(&name("attn.o"))?;
+        let mlp_norm = self.norm(&name("mlp_norm"), spec)?;
+        let gate = match spec.mlp {
+            crate::spec::MlpKind::Gated => Some(self.linear(&name("mlp.gate"))?),
+            crate::spec::MlpKind::Plain => None,
+        };
+        let (up, down) = (
+            self.linear(&name("mlp.up"))?,
+            self.linear(&name("mlp.down"))?,
+        );
+        Ok(Block {
+            attn_norm,
+            attn: SelfAttention {
+                q,
+                k,
+                v,
+                o,
+                q_norm,
+                k_norm,
+                num_heads: spec.num_heads,
+                num_kv_heads: spec.num_kv_heads,
+                head_dim: spec.head_dim,
+            },
+            mlp_norm,
+            mlp: Mlp {
+                gate,
+                up,
+                down,
+                activation: spec.activation,
+            },
+            residual: spec.residual,
+            window: spec.attention_windows[layer],
+        })
+    }
+}
+
+impl<B: AttentionBackend> Transformer<B> {
+    /// Builds a model of `spec` on `device` with every parameter taken from `source`; `progress` is called
+    /// after each tensor.
+    pub fn from_source(
+        spec: &ModelSpec,
+        source: &mut dyn WeightSource,
+        device: &B::Device,
+        progress: Option<Progress<'_>>,
+    ) -> Result<Self> {
+        spec.validate()?;
+        let expected = spec
+            .tensors()
+            .into_iter()
+            .map(|t| (t.name.clone(), t))
+            .collect();
+        let mut b = Builder::<B> {
+            expected,
+            source,
+            device,
+            done: 0,
+            progress,
+        };
+        let embed = b.required(EMBED)?;
+        let pos_embed = b.optional(POS_EMBED)?;
+        let layers = (0..spec.num_layers)
+            .map(|layer| b.block(layer, spec))
+            .collect::<Result<Vec<_>>>()?;
+        let final_norm = b.norm(FINAL_NORM, spec)?;
+        let lm_head = b
+            .optional(LM_HEAD)?
+            .map(|weight| Linear { weight, bias: None });
+        Ok(Transformer {
+            embed,
+            pos_embed,
+            layers,
+            final_norm,
+            lm_head,
+            spec: spec.clone(),
+            kernel: AttentionKernel::default(),
+        })
+    }
+
+    /// A freshly initialised model for training from scratch (see [`RandomInit`]); the same seed gives the same
+    /// weights on every backend.
+    pub fn init(spec: &ModelSpec, seed: u64, device: &B::Device) -> Result<Self> {
+        Self::from_source(
+            spec,
+            &mut RandomInit::new(seed, spec.num_layers),
+            device,
+            None,
+        )
+    }
+
+    /// The spec this model was built from.
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    /// The attention kernel forward passes use (default: flash).
+    pub fn kernel(&self) -> AttentionKernel {
+        self.kernel
+    }
+
+    /// The same model computing attention with `kernel`.
+    pub fn with_kernel(mut self, kernel: AttentionKernel) -> Self {
+        self.kernel = kernel;
+        self
+    }
+
+    /// Logits `[batch, seq, vocab]` for `tokens` `[batch, seq]`, without a cache.
+    pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Result<Tensor<B, 3>> {
+        self.forward_with(tokens, Step::default())
+    }
+
+    /// Logits `[batch, seq, vocab]` for `tokens` `[batch, seq]`, continuing from `step.cache` if given.
+    ///
+    /// Token ids must be below the vocabulary size (check untrusted ids with [`Transformer::check_tokens`]).
+    pub fn forward_with(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        step: Step<'_, B>,
+    ) -> Result<Tensor<B, 3>> {
+        let hidden = self.hidden_states(tokens, step)?;
+        Ok(match &self.lm_head {
+            Some(head) => head.forward(hidden),
+            None => linear(hidden, self.embed.val().transpose(), None),
+        })
+    }
+
+    /// The final-normed hidden states `[batch, seq, hidden]` (what the LM head reads).
+    pub fn hidden_states(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        step: Step<'_, B>,
+    ) -> Result<Tensor<B, 3>> {
+        let Step {
+            mut cache,
+            positions,
+            key_padding,
+        } = step;
+        let [_, seq] = tokens.dims();
+        let device = tokens.device();
+        let offset = cache.as_ref().map_or(0, |c| c.len());
+        let mut x = embedding(self.embed.val(), tokens);
+        if let Some(table) = &self.pos_embed {
+            let end = match &positions {
+                Some(p) => {
+                    usize::try_from(p.clone().max().into_scalar().elem::<i64>() + 1).unwrap_or(0)
+                }
+                None => offset + seq,
+            };
+            if end > self.spec.context_length {
+                return Err(ModelError::ContextOverflow {
+                    len: end,
+                    context_length: self.spec.context_length,
+                });
+            }
+            x = match &positions {
+                Some(p) => x + embedding(table.val(), p.clone()),
+                None => {
+                    let rows = table
+                        .val()
+                        .slice([offset..offset + seq, 0..self.spec.hidden_size]);
+                    x + rows.unsqueeze::<3>()
+                }
+            };
+        }
+        let rope = match &self.spec.positions {
+            Positions::Rope(config) => Some(
+                Rope::new(config.clone(), offset + seq, &device)
+                    .map_err(|e| ModelError::Attention(e.to_string()))?,
+            ),
+            Positions::Learned => None,
+        };
+        let at = At {
+            rope: rope.as_ref(),
+            offset,
+            explicit: positions,
+            key_padding,
+            kernel: self.kernel,
+        };
+        for (layer, block) in self.layers.iter().enumerate() {
+            let layer_cache = cache.as_mut().map(|c| &mut **c as &mut dyn KvCache<B>);
+            x = block.forward(x, layer, self.spec.attention_scale, &at, layer_cache)?;
+        }
+        Ok(self.final_norm.forward(x))
+    }
+
+    /// Checks that every id is a valid token of this model.
+    pub fn check_tokens(&self, ids: &[u32]) -> Result<()> {
+        let vocab_size = self.spec.vocab_size;
+        match ids.iter().position(|&id| id as usize >= vocab_size) {
+            Some(position) => Err(ModelError::TokenOutOfRange {
+                id: ids[position],
+                position,
+                vocab_size,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The current value of canonical parameter `name` (row-major, canonical shape), for saving.
+    pub fn parameter(&self, name: &str) -> Option<TensorData> {
+        let data1 = |p: &Param<Tensor<B, 1>>| p.val().into_data();
+        let data2 = |p: &Param<Tensor<B, 2>>| p.val().into_data();
+        let linear = |l: &Linear<B>, param: &str| match param {
+            "weight" => Some(data2(&l.weight)),
+            "bias" => l.bias.as_ref().map(data1),
+            _ => None,
+        };
+        let norm = |n: &Norm<B>, param: &str| match param {
+            "weight" => Some(data1(&n.weight)),
+            "bias" => n.bias.as_ref().map(data1),
+            _ => None,
+        };
+        match name {
+            EMBED => return Some(data2(&self.embed)),
+            POS_EMBED => return self.pos_embed.as_ref().map(data2),
+            LM_HEAD => return self.lm_head.as_ref().map(|h| data2(&h.weight)),
+            _ => {}
+        }
+        if let Some(param) = name.strip_prefix("final_norm.") {
+            return norm(&self.final_norm, param);
+        }
+        let (layer, suffix) = crate::arch::split_layer(name)?;
+        let block = self.layers.get(layer)?;
+        let (module, param) = suffix.rsplit_once('.')?;
+        match module {
+            "attn_norm" => norm(&block.attn_norm, param),
+            "mlp_norm" => norm(&block.mlp_norm, param),
+            "attn.q_norm" => norm(block.attn.q_norm.as_ref()?, param),
+            "attn.k_norm" => norm(block.attn.k_norm.as_ref()?, param),
+            "attn.q" => linear(&block.attn.q, param),
+            "attn.k" => linear(&block.attn.k, param),
+            "attn.v" => linear(&block.attn.v, param),
+            "attn.o" => linear(&block.attn.o, param),
+            "mlp.gate" => linear(block.mlp.gate.as_ref()?, param),
+            "mlp.up" => linear(&block.mlp.up, param),
+            "mlp.down" => linear(&block.mlp.down, param),
+            _ => None,
+        }
+    }
+}

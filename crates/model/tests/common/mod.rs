@@ -1,0 +1,107 @@
+//! Helpers shared by the model crate's integration tests: the fixture directory and its recorded outputs.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use burn::backend::Flex;
+use burn::tensor::{Int, Tensor, TensorData};
+use safetensors::SafeTensors;
+use safetensors::tensor::Dtype;
+
+/// The reference backend of every library test.
+pub type B = Flex;
+
+/// Every parity fixture written by scripts/fixtures/model_fixtures.py.
+pub const FIXTURES: [&str; 10] = [
+    "gpt2",
+    "llama3",
+    "llama_tied",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "gpt_neox",
+    "gpt_neox_sequential",
+    "gpt_neo",
+];
+
+/// `crates/model/tests/fixtures/<name>`.
+pub fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join("fixtures")
+        .join(name)
+}
+
+/// What transformers recorded for a fixture.
+pub struct Expected {
+    /// The input ids.
+    pub tokens: Vec<u32>,
+    /// Logits `[T * vocab]`, row-major.
+    pub logits: Vec<f32>,
+    /// The greedy continuation.
+    pub greedy: Vec<u32>,
+    /// Smallest top-1 minus top-2 logit along the continuation.
+    pub greedy_min_gap: f32,
+    /// PyTorch's parameter count.
+    pub num_parameters: u64,
+}
+
+fn ints(st: &SafeTensors<'_>, name: &str) -> Vec<u32> {
+    let view = st.tensor(name).unwrap();
+    assert_eq!(view.dtype(), Dtype::I64);
+    view.data()
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
+        .collect()
+}
+
+/// Reads a float tensor of a safetensors file.
+pub fn floats(st: &SafeTensors<'_>, name: &str) -> Vec<f32> {
+    let view = st.tensor(name).unwrap();
+    assert_eq!(view.dtype(), Dtype::F32);
+    view.data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// Reads `expected.safetensors` of fixture `name`.
+pub fn expected(name: &str) -> Expected {
+    let bytes = std::fs::read(fixture(name).join("expected.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    Expected {
+        tokens: ints(&st, "tokens"),
+        logits: floats(&st, "logits"),
+        greedy: ints(&st, "greedy"),
+        greedy_min_gap: floats(&st, "greedy_min_gap")[0],
+        num_parameters: ints(&st, "num_parameters")[0] as u64,
+    }
+}
+
+/// `ids` as a `[1, len]` token tensor.
+pub fn tokens(ids: &[u32]) -> Tensor<B, 2, Int> {
+    let data: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
+    Tensor::from_data(TensorData::new(data, [1, ids.len()]), &Default::default())
+}
+
+/// Largest absolute element-wise difference.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Index of the largest value.
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in row.iter().enumerate() {
+        if *v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}

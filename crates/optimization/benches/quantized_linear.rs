@@ -1,0 +1,56 @@
+//! Decode-shaped linear layers (one token, SmolLM2-135M widths): dense f32 matmul against
+//! `QuantizedLinear` for each scheme, on the reference CPU backend.
+//!
+//! Run: `cargo bench -p ember-optimization --bench quantized_linear`
+
+// `criterion_group!` generates a public function it gives no doc comment.
+#![allow(missing_docs)]
+
+use std::time::Duration;
+
+use burn::backend::Flex;
+use burn::tensor::{Distribution, Tensor};
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use ember_optimization::{QuantScheme, QuantizedLinear};
+
+type B = Flex;
+
+/// `[out_features, in_features]`: attention/MLP projections and the tied LM head of SmolLM2-135M.
+const SHAPES: [(&str, [usize; 2]); 3] = [
+    ("mlp_up_1536x576", [1536, 576]),
+    ("mlp_down_576x1536", [576, 1536]),
+    ("lm_head_49152x576", [49152, 576]),
+];
+
+fn bench(c: &mut Criterion) {
+    let device = Default::default();
+    for (name, [out_features, in_features]) in SHAPES {
+        let mut group = c.benchmark_group(format!("decode_linear/{name}"));
+        group
+            .sample_size(10)
+            .warm_up_time(Duration::from_secs(1))
+            .measurement_time(Duration::from_secs(3));
+        let weight = Tensor::<B, 2>::random(
+            [out_features, in_features],
+            Distribution::Normal(0.0, 0.02),
+            &device,
+        );
+        let x = Tensor::<B, 2>::random([1, in_features], Distribution::Default, &device);
+        let dense = weight.clone().transpose();
+        group.bench_function("f32", |b| {
+            b.iter(|| x.clone().matmul(dense.clone()).into_data())
+        });
+        for scheme in ["int8", "int4-g32", "int4-g128"] {
+            let parsed: QuantScheme = scheme.parse().expect("valid scheme");
+            let layer = QuantizedLinear::quantize(weight.clone(), None, parsed)
+                .expect("finite weights quantize");
+            group.bench_with_input(BenchmarkId::from_parameter(scheme), &layer, |b, layer| {
+                b.iter(|| layer.forward(x.clone()).into_data())
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,315 @@
+//! [`PagedKvPool`]: device storage for the K/V of many sequences, in fixed-size blocks.
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Bool, Int, Tensor, TensorData};
+
+use crate::error::PoolError;
+use crate::paged::blocks::{BlockCopy, BlockManager, PoolStats, SeqId};
+
+/// Shape and budget of a [`PagedKvPool`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PagedKvConfig {
+    /// Transformer layers (every block holds all of them).
+    pub num_layers: usize,
+    /// Key/value heads per layer.
+    pub kv_heads: usize,
+    /// Key dimension per head.
+    pub head_dim: usize,
+    /// Value dimension per head (usually `head_dim`).
+    pub v_dim: usize,
+    /// Positions per block.
+    pub block_size: usize,
+    /// Hard cap on the bytes of K/V storage; the pool holds `budget_bytes / block_bytes` blocks.
+    pub budget_bytes: usize,
+}
+
+impl PagedKvConfig {
+    /// A configuration with 16-position blocks, `v_dim = head_dim` and a 256 MiB budget.
+    pub fn new(num_layers: usize, kv_heads: usize, head_dim: usize) -> Self {
+        Self {
+            num_layers,
+            kv_heads,
+            head_dim,
+            v_dim: head_dim,
+            block_size: 16,
+            budget_bytes: 256 << 20,
+        }
+    }
+
+    /// Sets the positions per block.
+    pub fn with_block_size(mut self, block_size: usize) -> Self {
+        self.block_size = block_size;
+        self
+    }
+
+    /// Sets the memory budget in bytes.
+    pub fn with_budget_bytes(mut self, budget_bytes: usize) -> Self {
+        self.budget_bytes = budget_bytes;
+        self
+    }
+
+    /// Sets the value dimension per head.
+    pub fn with_v_dim(mut self, v_dim: usize) -> Self {
+        self.v_dim = v_dim;
+        self
+    }
+
+    /// Bytes of K and V for one position across all layers, with `elem_bytes` per element.
+    pub fn token_bytes(&self, elem_bytes: usize) -> usize {
+        self.num_layers * self.kv_heads * (self.head_dim + self.v_dim) * elem_bytes
+    }
+
+    /// Bytes of one block across all layers, K and V.
+    pub fn block_bytes(&self, elem_bytes: usize) -> usize {
+        self.block_size * self.token_bytes(elem_bytes)
+    }
+}
+
+/// K/V of several sequences gathered through their block tables.
+#[derive(Clone, Debug)]
+pub struct GatheredKv<B: Backend> {
+    /// Keys `[batch, kv_heads, max_len, head_dim]`, shorter sequences left-padded.
+    pub keys: Tensor<B, 4>,
+    /// Values `[batch, kv_heads, max_len, v_dim]`, laid out like the keys.
+    pub values: Tensor<B, 4>,
+    /// `[batch, max_len]`, `true` at padding; `None` when every sequence has `max_len` positions.
+    /// Pass it to attention as the key padding mask.
+    pub padding: Option<Tensor<B, 2, Bool>>,
+}
+
+/// A pool of K/V blocks shared by many sequences, within a hard memory budget.
+///
+/// Storage is allocated once, up front, to the budget: per layer, keys
+/// `[total_blocks * block_size, kv_heads, head_dim]` and values `[.., kv_heads, v_dim]`, where
+/// slot `block * block_size + offset` holds one position. Sequences own blocks only as they grow
+/// ([`BlockManager`] does the bookkeeping), so the memory in use tracks the tokens actually held,
+/// not `batch × max_len`; [`stats`](Self::stats) reports it.
+#[derive(Debug)]
+pub struct PagedKvPool<B: Backend> {
+    config: PagedKvConfig,
+    manager: BlockManager,
+    keys: Vec<Tensor<B, 3>>,
+    values: Vec<Tensor<B, 3>>,
+    device: B::Device,
+    elem_bytes: usize,
+}
+
+impl<B: Backend> PagedKvPool<B> {
+    /// Allocates `config.budget_bytes / block_bytes` blocks of zeros on `device`.
+    pub fn new(config: PagedKvConfig, device: &B::Device) -> Result<Self, PoolError> {
+        let PagedKvConfig {
+            num_layers,
+            kv_heads,
+            head_dim,
+            v_dim,
+            block_size,
+            budget_bytes,
+        } = config;
+        if [num_layers, kv_heads, head_dim, v_dim, block_size].contains(&0) {
+            return Err(PoolError::InvalidConfig {
+                reason: format!("every dimension must be positive, got {config:?}"),
+            });
+        }
+        let probe = Tensor::<B, 1>::zeros([1], device);
+        let elem_bytes = probe.dtype().size();
+        let block_bytes = config.block_bytes(elem_bytes);
+        let total_blocks = budget_bytes / block_bytes;
+        if total_blocks == 0 {
+            return Err(PoolError::BudgetTooSmall {
+                budget_bytes,
+                block_bytes,
+            });
+        }
+        let slots = total_blocks * block_size;
+        Ok(Self {
+            config,
+            manager: BlockManager::new(total_blocks, block_size, num_layers),
+            keys: (0..num_layers)
+                .map(|_| Tensor::zeros([slots, kv_heads, head_dim], device))
+                .collect(),
+            values: (0..num_layers)
+                .map(|_| Tensor::zeros([slots, kv_heads, v_dim], device))
+                .collect(),
+            device: device.clone(),
+            elem_bytes,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PagedKvConfig {
+        &self.config
+    }
+
+    /// The block bookkeeping (block tables, reference counts, free list).
+    pub fn blocks(&self) -> &BlockManager {
+        &self.manager
+    }
+
+    /// Bytes of one block across all layers, K and V.
+    pub fn block_bytes(&self) -> usize {
+        self.config.block_bytes(self.elem_bytes)
+    }
+
+    /// Current counters; multiply block counts by [`block_bytes`](Self::block_bytes) for bytes.
+    pub fn stats(&self) -> PoolStats {
+        self.manager.stats()
+    }
+
+    /// Starts an empty sequence.
+    pub fn add_sequence(&mut self) -> SeqId {
+        self.manager.add_sequence()
+    }
+
+    /// A new sequence sharing all of `seq`'s positions (copy-on-write); see [`BlockManager::fork`].
+    pub fn fork(&mut self, seq: SeqId) -> Result<SeqId, PoolError> {
+        self.manager.fork(seq)
+    }
+
+    /// Ends `seq` and releases its blocks.
+    pub fn free_sequence(&mut self, seq: SeqId) -> Result<(), PoolError> {
+        self.manager.free_sequence(seq)
+    }
+
+    /// Forgets positions of `seq` at or after `len`, releasing whole blocks past it.
+    pub fn truncate(&mut self, seq: SeqId, len: usize) -> Result<(), PoolError> {
+        self.manager.truncate(seq, len)
+    }
+
+    /// Positions held by `seq`.
+    pub fn seq_len(&self, seq: SeqId) -> Result<usize, PoolError> {
+        self.manager.seq_len(seq)
+    }
+
+    /// Appends `k: [kv_heads, new, head_dim]` and `v: [kv_heads, new, v_dim]` to `layer` of `seq`,
+    /// allocating blocks on demand and copying shared blocks before writing into them.
+    ///
+    /// Errors (changing nothing) when the pool has too few free blocks or the shapes are wrong.
+    pub fn append(
+        &mut self,
+        seq: SeqId,
+        layer: usize,
+        k: Tensor<B, 3>,
+        v: Tensor<B, 3>,
+    ) -> Result<(), PoolError> {
+        let [heads, new, k_dim] = k.dims();
+        let expected = [self.config.kv_heads, new, self.config.v_dim];
+        if [heads, k_dim] != [self.config.kv_heads, self.config.head_dim] || v.dims() != expected {
+            return Err(PoolError::BadWrite {
+                seq: seq.0,
+                layer,
+                reason: format!(
+                    "keys {:?} / values {:?} do not match [{}, new, {}] / [{}, new, {}]",
+                    k.dims(),
+                    v.dims(),
+                    self.config.kv_heads,
+                    self.config.head_dim,
+                    self.config.kv_heads,
+                    self.config.v_dim
+                ),
+            });
+        }
+        let (start, copies) = self.manager.prepare_write(seq, layer, new)?;
+        for copy in copies {
+            self.copy_block(copy);
+        }
+        // Position-major `[new, heads, dim]` rows, written one block-contiguous run at a time.
+        let k = k.swap_dims(0, 1);
+        let v = v.swap_dims(0, 1);
+        let v_dim = self.config.v_dim;
+        let block_size = self.config.block_size;
+        let mut pos = start;
+        while pos < start + new {
+            let run = (block_size - pos % block_size).min(start + new - pos);
+            let slot = self.manager.slot(seq, pos)?;
+            let key_rows = k.clone().narrow(0, pos - start, run);
+            let value_rows = v.clone().narrow(0, pos - start, run);
+            let slots = slot..slot + run;
+            replace(&mut self.keys[layer], |t| {
+                t.slice_assign([slots.clone(), 0..heads, 0..k_dim], key_rows)
+            });
+            replace(&mut self.values[layer], |t| {
+                t.slice_assign([slots, 0..heads, 0..v_dim], value_rows)
+            });
+            pos += run;
+        }
+        Ok(())
+    }
+
+    /// Gathers `layer`'s K/V of `seqs` through their block tables into dense tensors, left-padding
+    /// shorter sequences (see [`GatheredKv`]).
+    pub fn gather(&self, seqs: &[SeqId], layer: usize) -> Result<GatheredKv<B>, PoolError> {
+        if layer >= self.config.num_layers {
+            return Err(PoolError::BadWrite {
+                seq: seqs.first().map_or(0, |s| s.0),
+                layer,
+                reason: format!(
+                    "layer out of range, the pool has {} layers",
+                    self.config.num_layers
+                ),
+            });
+        }
+        let lens = seqs
+            .iter()
+            .map(|&seq| self.manager.layer_len(seq, layer))
+            .collect::<Result<Vec<_>, _>>()?;
+        let max_len = lens.iter().copied().max().unwrap_or(0);
+        let mut slots = Vec::with_capacity(seqs.len() * max_len);
+        for (&seq, &len) in seqs.iter().zip(&lens) {
+            // Padding reads slot 0 (always allocated storage); the mask hides it.
+            slots.extend(std::iter::repeat_n(0i64, max_len - len));
+            for pos in 0..len {
+                slots.push(self.manager.slot(seq, pos)? as i64);
+            }
+        }
+        let index = Tensor::<B, 1, Int>::from_data(
+            TensorData::new(slots, [seqs.len() * max_len]),
+            &self.device,
+        );
+        let [batch, heads] = [seqs.len(), self.config.kv_heads];
+        let pick = |storage: &Tensor<B, 3>, dim: usize| {
+            storage
+                .clone()
+                .select(0, index.clone())
+                .reshape([batch, max_len, heads, dim])
+                .swap_dims(1, 2)
+        };
+        let padding = lens.iter().any(|&len| len != max_len).then(|| {
+            let mask = lens
+                .iter()
+                .flat_map(|&len| (0..max_len).map(move |pos| pos < max_len - len))
+                .collect::<Vec<_>>();
+            Tensor::from_data(TensorData::new(mask, [batch, max_len]), &self.device)
+        });
+        Ok(GatheredKv {
+            keys: pick(&self.keys[layer], self.config.head_dim),
+            values: pick(&self.values[layer], self.config.v_dim),
+            padding,
+        })
+    }
+
+    /// Copies every layer's K/V of block `src` into block `dst`.
+    fn copy_block(&mut self, BlockCopy { src, dst }: BlockCopy) {
+        let size = self.config.block_size;
+        let (from, to) = (src * size..(src + 1) * size, dst * size..(dst + 1) * size);
+        // `select` copies the block out, so no view keeps the storage buffer shared while it is
+        // updated.
+        let index = Tensor::<B, 1, Int>::arange(from.start as i64..from.end as i64, &self.device);
+        for storage in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            let block = storage.clone().select(0, index.clone());
+            let [_, heads, dim] = storage.dims();
+            replace(storage, |t| {
+                t.slice_assign([to.clone(), 0..heads, 0..dim], block)
+            });
+        }
+    }
+}
+
+/// Applies a by-value update to a stored tensor. Moving it out first (leaving an empty tensor, not
+/// a view of it) keeps its buffer uniquely owned, so backends can update it in place instead of
+/// copying the whole pool.
+fn replace<B: Backend>(slot: &mut Tensor<B, 3>, update: impl FnOnce(Tensor<B, 3>) -> Tensor<B, 3>) {
+    let [_, heads, dim] = slot.dims();
+    let placeholder = Tensor::empty([0, heads, dim], &slot.device());
+    let tensor = std::mem::replace(slot, placeholder);
+    *slot = update(tensor);
+}

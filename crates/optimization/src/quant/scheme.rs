@@ -1,0 +1,204 @@
+//! Quantization schemes: bit width, grouping along the input dimension, and symmetry.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::QuantError;
+
+/// How many consecutive input elements of one output row share a scale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Granularity {
+    /// One scale per output channel (the whole row of `in_features` elements).
+    PerChannel,
+    /// One scale per group of this many consecutive input elements of a row; the last group of a
+    /// row may be shorter when `in_features` is not a multiple. Must be a positive multiple of 8.
+    Group(usize),
+}
+
+/// A weight quantization scheme.
+///
+/// Every scheme stores one unsigned integer code `c` per weight plus per-group floats, and
+/// dequantizes as `w = (c - z) * s` (symmetric, fixed zero code `z`) or `w = c * s + m`
+/// (asymmetric, per-group minimum `m`, i.e. a zero point of `-m / s`). Keeping `m` rather than an
+/// integer zero point makes GGUF Q4_1 blocks load bit-exactly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QuantScheme {
+    /// 8-bit symmetric: codes `q + 128` with `q` in `[-127, 127]`, `s = max|w| / 127`.
+    Int8 {
+        /// Scale sharing: per output channel (the usual INT8 choice) or group-wise (GGUF Q8_0).
+        granularity: Granularity,
+    },
+    /// 4-bit group-wise, two codes per byte.
+    Int4 {
+        /// Elements per group (32, 64 or 128 are typical); a positive multiple of 8.
+        group_size: usize,
+        /// Symmetric: codes `q + 8`, `q` in `[-7, 7]`, `s = max|w| / 7`. Asymmetric: codes in
+        /// `[0, 15]`, `s = (max - min) / 15`, `m = min`.
+        symmetric: bool,
+    },
+}
+
+impl QuantScheme {
+    /// INT8 with one scale per output channel.
+    pub const INT8: QuantScheme = QuantScheme::Int8 {
+        granularity: Granularity::PerChannel,
+    };
+
+    /// Symmetric INT4 with groups of 32 (the `int4` default).
+    pub const INT4_G32: QuantScheme = QuantScheme::Int4 {
+        group_size: 32,
+        symmetric: true,
+    };
+
+    /// Bits per stored code.
+    pub fn bits(&self) -> usize {
+        match self {
+            QuantScheme::Int8 { .. } => 8,
+            QuantScheme::Int4 { .. } => 4,
+        }
+    }
+
+    /// Whether per-group minimums are stored (asymmetric) instead of a fixed zero code.
+    pub fn is_asymmetric(&self) -> bool {
+        matches!(
+            self,
+            QuantScheme::Int4 {
+                symmetric: false,
+                ..
+            }
+        )
+    }
+
+    /// The fixed code that represents zero in a symmetric scheme; `None` when asymmetric.
+    pub fn zero_code(&self) -> Option<u8> {
+        match self {
+            QuantScheme::Int8 { .. } => Some(128),
+            QuantScheme::Int4 {
+                symmetric: true, ..
+            } => Some(8),
+            QuantScheme::Int4 {
+                symmetric: false, ..
+            } => None,
+        }
+    }
+
+    /// Largest magnitude `|q|` a symmetric scheme uses (127 or 7); the scale is `max|w| / qmax`.
+    pub(crate) fn symmetric_qmax(&self) -> f32 {
+        match self {
+            QuantScheme::Int8 { .. } => 127.0,
+            QuantScheme::Int4 { .. } => 7.0,
+        }
+    }
+
+    /// Largest code of the scheme (255 or 15).
+    pub(crate) fn max_code(&self) -> u8 {
+        match self {
+            QuantScheme::Int8 { .. } => 255,
+            QuantScheme::Int4 { .. } => 15,
+        }
+    }
+
+    /// Elements per group for a row of `in_features` elements.
+    pub fn group_len(&self, in_features: usize) -> usize {
+        match self {
+            QuantScheme::Int8 {
+                granularity: Granularity::PerChannel,
+            } => in_features,
+            QuantScheme::Int8 {
+                granularity: Granularity::Group(g),
+            } => *g,
+            QuantScheme::Int4 { group_size, .. } => *group_size,
+        }
+    }
+
+    /// Groups per row of `in_features` elements (the last one possibly partial).
+    pub fn groups_per_row(&self, in_features: usize) -> usize {
+        in_features.div_ceil(self.group_len(in_features))
+    }
+
+    /// Checks the scheme's parameters and that a `[out_features, in_features]` matrix fits it.
+    pub fn validate(&self, out_features: usize, in_features: usize) -> Result<(), QuantError> {
+        if out_features == 0 || in_features == 0 {
+            return Err(QuantError::EmptyShape {
+                shape: [out_features, in_features],
+            });
+        }
+        let group = match self {
+            QuantScheme::Int8 {
+                granularity: Granularity::PerChannel,
+            } => return Ok(()),
+            QuantScheme::Int8 {
+                granularity: Granularity::Group(g),
+            } => *g,
+            QuantScheme::Int4 { group_size, .. } => *group_size,
+        };
+        if group == 0 || group % 8 != 0 {
+            return Err(QuantError::InvalidGroupSize { group_size: group });
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for QuantScheme {
+    /// The canonical spelling accepted by [`QuantScheme::from_str`], e.g. `int8`, `int8-g32`,
+    /// `int4-g128`, `int4-g32-asym`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QuantScheme::Int8 {
+                granularity: Granularity::PerChannel,
+            } => write!(f, "int8"),
+            QuantScheme::Int8 {
+                granularity: Granularity::Group(g),
+            } => write!(f, "int8-g{g}"),
+            QuantScheme::Int4 {
+                group_size,
+                symmetric,
+            } => {
+                write!(f, "int4-g{group_size}")?;
+                if !symmetric {
+                    write!(f, "-asym")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl FromStr for QuantScheme {
+    type Err = QuantError;
+
+    /// Parses `int8` (per channel), `int8-gN`, `int4` (= `int4-g32`), `int4-gN`, and either int4
+    /// form followed by `-asym` (or `-sym`, the default).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let invalid = || QuantError::UnknownScheme {
+            text: text.to_string(),
+        };
+        let mut parts = text.split('-');
+        let kind = parts.next().ok_or_else(invalid)?;
+        let mut group = None;
+        let mut symmetric = None;
+        for part in parts {
+            if let Some(digits) = part.strip_prefix('g').filter(|_| group.is_none()) {
+                group = Some(digits.parse::<usize>().map_err(|_| invalid())?);
+            } else if part == "asym" && symmetric.is_none() {
+                symmetric = Some(false);
+            } else if part == "sym" && symmetric.is_none() {
+                symmetric = Some(true);
+            } else {
+                return Err(invalid());
+            }
+        }
+        let scheme = match kind {
+            "int8" if symmetric != Some(false) => QuantScheme::Int8 {
+                granularity: group.map_or(Granularity::PerChannel, Granularity::Group),
+            },
+            "int4" => QuantScheme::Int4 {
+                group_size: group.unwrap_or(32),
+                symmetric: symmetric.unwrap_or(true),
+            },
+            _ => return Err(invalid()),
+        };
+        scheme.validate(1, 1)?;
+        Ok(scheme)
+    }
+}

@@ -1,0 +1,228 @@
+//! The paged pool on the reference CPU backend: attention over K/V gathered through block tables
+//! must equal attention over a contiguous cache, with and without shared prefixes.
+
+use burn::backend::Flex;
+use burn::tensor::{Distribution, Tensor};
+use ember_attention::{AttentionKernel, AttentionOptions, ContiguousKvCache, KvCache, attention};
+use ember_optimization::{PagedKvConfig, PagedKvPool, PoolError};
+
+type B = Flex;
+
+const LAYERS: usize = 2;
+const KV_HEADS: usize = 2;
+const Q_HEADS: usize = 4;
+const HEAD_DIM: usize = 8;
+const BLOCK: usize = 4;
+
+fn config(blocks: usize) -> PagedKvConfig {
+    let base = PagedKvConfig::new(LAYERS, KV_HEADS, HEAD_DIM).with_block_size(BLOCK);
+    base.with_budget_bytes(blocks * base.block_bytes(4))
+}
+
+fn random(dims: [usize; 4]) -> Tensor<B, 4> {
+    Tensor::random(dims, Distribution::Normal(0.0, 1.0), &Default::default())
+}
+
+fn values(t: Tensor<B, 4>) -> Vec<f32> {
+    t.into_data().convert::<f32>().into_vec().unwrap()
+}
+
+/// One decoding run (prefill then single-token steps) through any cache; returns every layer's
+/// attention output of every step.
+fn run(
+    cache: &mut impl KvCache<B>,
+    steps: &[(Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>)],
+) -> Vec<Vec<f32>> {
+    let mut outputs = Vec::new();
+    for (q, k, v) in steps {
+        for layer in 0..LAYERS {
+            let offset = cache.len();
+            let (keys, vals) = cache.append(layer, k.clone(), v.clone()).unwrap();
+            let options = AttentionOptions::causal().with_offset(offset);
+            let out = attention(
+                AttentionKernel::Manual,
+                q.clone(),
+                keys.clone(),
+                vals,
+                &options,
+            );
+            outputs.push(values(keys));
+            outputs.push(values(out));
+        }
+    }
+    outputs
+}
+
+fn steps(batch: usize, lens: &[usize]) -> Vec<(Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>)> {
+    lens.iter()
+        .map(|&n| {
+            (
+                random([batch, Q_HEADS, n, HEAD_DIM]),
+                random([batch, KV_HEADS, n, HEAD_DIM]),
+                random([batch, KV_HEADS, n, HEAD_DIM]),
+            )
+        })
+        .collect()
+}
+
+/// Gathering is a pure copy of the written values and both caches feed the same kernel, so the
+/// keys and attention outputs must be bit-identical (no tolerance needed).
+#[test]
+fn paged_attention_equals_contiguous_attention() {
+    let batch = 3;
+    // Prefill 7 (ends mid-block), then decode steps crossing block boundaries.
+    let steps = steps(batch, &[7, 1, 1, 2, 1, 5, 1]);
+    let mut contiguous = ContiguousKvCache::<B>::new(LAYERS);
+    let expected = run(&mut contiguous, &steps);
+
+    let mut pool = PagedKvPool::<B>::new(config(64), &Default::default()).unwrap();
+    let got = run(&mut pool.cache(Vec::new()).unwrap(), &steps);
+    assert_eq!(got, expected);
+
+    // 18 positions per sequence need ceil(18 / 4) = 5 blocks each, and no more.
+    let stats = pool.stats();
+    assert_eq!(stats.used_blocks, batch * 5);
+    assert_eq!(stats.logical_tokens, batch * 18);
+    assert_eq!(stats.physical_tokens, batch * 18);
+    assert!((stats.fragmentation() - 2.0 / 20.0).abs() < 1e-12);
+}
+
+/// Forks of a prompt share its blocks; each continuation copies only the partially filled tail
+/// block on its first write and then reads prompt + its own tokens, exactly like a contiguous
+/// cache fed the same tokens.
+#[test]
+fn forked_sequences_share_the_prefix_and_copy_on_write() {
+    let device = Default::default();
+    let mut pool = PagedKvPool::<B>::new(config(32), &device).unwrap();
+    let prompt = steps(1, &[10]);
+    let parent = pool.add_sequence();
+    run(&mut pool.cache(vec![parent]).unwrap(), &prompt);
+    let forks = [
+        parent,
+        pool.fork(parent).unwrap(),
+        pool.fork(parent).unwrap(),
+    ];
+    let stats = pool.stats();
+    assert_eq!((stats.used_blocks, stats.shared_blocks), (3, 3));
+    assert_eq!(stats.logical_tokens, 30);
+    assert_eq!(stats.physical_tokens, 10);
+
+    let mut final_keys = Vec::new();
+    for (i, &seq) in forks.iter().enumerate() {
+        let continuation = steps(1, &[1, 1, 3 + i]);
+        let mut contiguous = ContiguousKvCache::<B>::new(LAYERS);
+        run(&mut contiguous, &prompt);
+        let expected = run(&mut contiguous, &continuation);
+        let got = run(&mut pool.cache(vec![seq]).unwrap(), &continuation);
+        assert_eq!(got, expected, "fork {i}");
+        // `run` records [keys, output] per layer; the last step's keys are the whole sequence.
+        final_keys.push(expected[expected.len() - 2 * LAYERS..].to_vec());
+    }
+    // Later forks' writes must not have leaked into earlier forks' blocks.
+    for (i, &seq) in forks.iter().enumerate() {
+        for layer in 0..LAYERS {
+            let keys = values(pool.gather(&[seq], layer).unwrap().keys);
+            assert_eq!(keys, final_keys[i][2 * layer], "fork {i} layer {layer}");
+        }
+    }
+    // The two full prompt blocks are still shared by all three; each fork owns its own tail.
+    let stats = pool.stats();
+    assert_eq!(stats.shared_blocks, 2);
+    for &seq in &forks {
+        assert_eq!(
+            &pool.blocks().block_table(seq).unwrap()[..2],
+            &pool.blocks().block_table(parent).unwrap()[..2]
+        );
+    }
+    // Two shared full blocks (8 positions) plus each fork's private tail: its copy of prompt
+    // positions 8..10 and its 5 + i new ones.
+    assert_eq!(stats.physical_tokens, 8 + (7 + 8 + 9));
+}
+
+/// The budget is hard: a write needing more blocks than are free fails with a clear error and
+/// changes nothing; after a sequence finishes its blocks serve the next one.
+#[test]
+fn exhausted_budget_is_reported_and_freed_blocks_are_reused() {
+    let device = Default::default();
+    let mut pool = PagedKvPool::<B>::new(config(3), &device).unwrap();
+    let a = pool.add_sequence();
+    let b = pool.add_sequence();
+    let chunk = |n| Tensor::<B, 3>::random([KV_HEADS, n, HEAD_DIM], Distribution::Default, &device);
+    pool.append(a, 0, chunk(8), chunk(8)).unwrap();
+    let err = pool.append(b, 0, chunk(5), chunk(5)).unwrap_err();
+    assert_eq!(
+        err,
+        PoolError::OutOfBlocks {
+            seq: b.0,
+            needed: 2,
+            free: 1,
+            total: 3,
+            block_size: BLOCK,
+        }
+    );
+    assert!(err.to_string().contains("exhausted"), "{err}");
+    assert_eq!(pool.seq_len(b).unwrap(), 0);
+    assert_eq!(pool.stats().used_blocks, 2);
+
+    pool.free_sequence(a).unwrap();
+    pool.append(b, 0, chunk(5), chunk(5)).unwrap();
+    assert_eq!(pool.stats().used_blocks, 2);
+    assert_eq!(pool.stats().peak_used_blocks, 2);
+
+    let tiny = config(1).with_budget_bytes(config(1).block_bytes(4) - 1);
+    assert!(matches!(
+        PagedKvPool::<B>::new(tiny, &device),
+        Err(PoolError::BudgetTooSmall { .. })
+    ));
+}
+
+/// Sequences of different lengths gather left-padded with a padding mask; attention with that
+/// mask equals attention over each sequence alone (padding keys get exactly zero weight, so the
+/// only difference is summation order: 1e-6 covers f32 rounding of softmax sums of <= 9 terms).
+#[test]
+fn ragged_gather_with_padding_mask_matches_per_sequence_attention() {
+    let device = Default::default();
+    let mut pool = PagedKvPool::<B>::new(config(16), &device).unwrap();
+    let lens = [3, 9, 6];
+    let mut per_seq = Vec::new();
+    let mut seqs = Vec::new();
+    for &len in &lens {
+        let seq = pool.add_sequence();
+        let k = Tensor::<B, 3>::random([KV_HEADS, len, HEAD_DIM], Distribution::Default, &device);
+        let v = Tensor::<B, 3>::random([KV_HEADS, len, HEAD_DIM], Distribution::Default, &device);
+        pool.append(seq, 1, k.clone(), v.clone()).unwrap();
+        per_seq.push((k.unsqueeze_dim::<4>(0), v.unsqueeze_dim::<4>(0)));
+        seqs.push(seq);
+    }
+    let gathered = pool.gather(&seqs, 1).unwrap();
+    let padding = gathered.padding.clone().unwrap();
+    assert_eq!(gathered.keys.dims(), [3, KV_HEADS, 9, HEAD_DIM]);
+    let q = random([3, Q_HEADS, 1, HEAD_DIM]);
+    let options = AttentionOptions::full().with_key_padding(padding.clone());
+    let batched = attention(
+        AttentionKernel::Manual,
+        q.clone(),
+        gathered.keys,
+        gathered.values,
+        &options,
+    );
+    let mask: Vec<bool> = padding.into_data().into_vec().unwrap();
+    for (i, ((k, v), &len)) in per_seq.into_iter().zip(&lens).enumerate() {
+        assert_eq!(
+            mask[i * 9..(i + 1) * 9].iter().filter(|&&m| m).count(),
+            9 - len
+        );
+        let q_i = q.clone().narrow(0, i, 1);
+        let alone = attention(
+            AttentionKernel::Manual,
+            q_i,
+            k,
+            v,
+            &AttentionOptions::full(),
+        );
+        let row = batched.clone().narrow(0, i, 1);
+        for (a, b) in values(row).iter().zip(values(alone)) {
+            assert!((a - b).abs() <= 1e-6, "sequence {i}: {a} vs {b}");
+        }
+    }
+}

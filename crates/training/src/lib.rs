@@ -1,0 +1,43 @@
+//! ember training: our own AdamW on burn's autodiff gradients, a warm-up + cosine schedule, gradient clipping and
+//! accumulation, atomic checkpoints with exact resume, a JSONL metrics log and loss plots, and the training loop.
+//!
+//! The loop ([`train`]) is generic over the model ([`LanguageModel`] + [`ModelStore`]) and the token stream
+//! ([`TrainData`]), so it runs the same on ember-model's transformer and on a two-layer test model.
+
+mod adamw;
+mod checkpoint;
+mod error;
+mod hf_model;
+mod interrupt;
+mod loss;
+mod memory_data;
+mod metrics;
+mod model_io;
+mod params;
+mod plot;
+mod schedule;
+mod shard_data;
+mod tensor_file;
+mod trainer;
+
+pub use adamw::{AdamW, AdamWConfig, DecayPolicy};
+pub use checkpoint::{
+    OPTIMIZER_FILE, TRAINER_STATE_FILE, TrainerState, resolve_checkpoint, write_atomically,
+};
+pub use error::TrainError;
+pub use hf_model::HfModelStore;
+pub use interrupt::interrupt_flag;
+pub use loss::{cross_entropy, inputs_and_targets};
+pub use memory_data::InMemoryData;
+pub use metrics::{MetricsLog, MetricsRecord, read_metrics};
+pub use model_io::{
+    BoxError, LanguageModel, ModelStore, PARAMETERS_FILE, ParameterFileStore, TrainData,
+};
+pub use params::{Gradients, ParamInfo, load_parameters, parameters, save_parameters};
+pub use plot::{draw as draw_loss_plot, plot_run};
+pub use schedule::CosineSchedule;
+pub use shard_data::ShardData;
+pub use trainer::{
+    Observer, Precision, StepReport, StopReason, TrainSettings, TrainSummary, train,
+    validation_loss,
+};

@@ -1,0 +1,68 @@
+//! What the trainer needs from a model and from its data: small traits, so the loop is testable on tiny models and
+//! in-memory corpora, and so ember-model's transformer and ember-dataset's reader plug in without the trainer
+//! knowing their types.
+
+use std::marker::PhantomData;
+use std::path::Path;
+
+use burn::module::Module;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor};
+
+use crate::params::{load_parameters, save_parameters};
+
+/// A boxed error from a model or data source.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A causal language model: next-token logits for every position.
+pub trait LanguageModel<B: Backend>: Module<B> {
+    /// Logits `[batch, seq, vocab]` for token ids `[batch, seq]`.
+    fn logits(&self, tokens: Tensor<B, 2, Int>) -> Result<Tensor<B, 3>, BoxError>;
+}
+
+/// Saves a model into a checkpoint directory and loads it back (bit-exactly, for `--resume`).
+pub trait ModelStore<M> {
+    /// Writes the model's files into the existing directory `dir`.
+    fn save(&self, model: &M, dir: &Path) -> Result<(), BoxError>;
+    /// Loads the weights saved in `dir` into `model` (which has the right architecture).
+    fn load(&self, model: M, dir: &Path) -> Result<M, BoxError>;
+}
+
+/// File name of [`ParameterFileStore`]'s weights inside a checkpoint directory.
+pub const PARAMETERS_FILE: &str = "parameters.safetensors";
+
+/// A model-agnostic store for modules on backend `B`: every float parameter in [`PARAMETERS_FILE`], keyed by
+/// module path.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ParameterFileStore<B>(PhantomData<B>);
+
+impl<B> ParameterFileStore<B> {
+    /// The store.
+    pub fn new() -> Self {
+        ParameterFileStore(PhantomData)
+    }
+}
+
+impl<B: Backend, M: Module<B>> ModelStore<M> for ParameterFileStore<B> {
+    fn save(&self, model: &M, dir: &Path) -> Result<(), BoxError> {
+        Ok(save_parameters(model, &dir.join(PARAMETERS_FILE))?)
+    }
+
+    fn load(&self, model: M, dir: &Path) -> Result<M, BoxError> {
+        Ok(load_parameters(model, &dir.join(PARAMETERS_FILE))?)
+    }
+}
+
+/// The token stream the trainer consumes: random training windows and a fixed set of validation windows.
+pub trait TrainData {
+    /// The next training micro-batch: `batch_size` rows of `block_size + 1` token ids, row-major.
+    fn next_batch(&mut self) -> Result<Vec<u32>, BoxError>;
+    /// The validation batches, the same on every call, each shaped like a training batch.
+    fn validation_batches(&mut self) -> Result<Vec<Vec<u32>>, BoxError>;
+    /// Mean UTF-8 bytes of text per token on the validation split (to turn nats/token into bits/byte).
+    fn bytes_per_token(&self) -> f64;
+    /// The reader's position and random-generator state, serialisable into a checkpoint.
+    fn state(&self) -> serde_json::Value;
+    /// Restores a position returned by [`TrainData::state`].
+    fn restore(&mut self, state: &serde_json::Value) -> Result<(), BoxError>;
+}

@@ -1,0 +1,457 @@
+//! The training loop: micro-batches, accumulation, clipping, AdamW, validation, checkpoints, early stopping.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use burn::module::{AutodiffModule, Module};
+use burn::tensor::ElementConversion;
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::adamw::{AdamW, AdamWConfig};
+use crate::checkpoint::{OPTIMIZER_FILE, TrainerState, resolve_checkpoint, write_atomically};
+use crate::loss::{cross_entropy, inputs_and_targets};
+use crate::metrics::{MetricsLog, MetricsRecord};
+use crate::model_io::{LanguageModel, ModelStore, TrainData};
+use crate::params::Gradients;
+use crate::schedule::CosineSchedule;
+use crate::{TrainError, plot};
+
+/// Numeric precision of the forward and backward passes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// Everything in f32.
+    #[default]
+    F32,
+    /// bf16 compute with f32 master weights.
+    Bf16,
+}
+
+/// Everything the loop needs to know, independent of the CLI's config format.
+#[derive(Debug, Clone)]
+pub struct TrainSettings {
+    /// Sequences per micro-batch (must match the data source's batches).
+    pub batch_size: usize,
+    /// Tokens per sequence (the data source yields `block_size + 1` per row).
+    pub block_size: usize,
+    /// Micro-batches per optimiser step; their gradients are averaged.
+    pub grad_accum_steps: usize,
+    /// Last optimiser step (exclusive).
+    pub max_steps: usize,
+    /// Stop after this much wall time in this invocation (a checkpoint is written).
+    pub time_limit: Option<Duration>,
+    /// Learning-rate schedule.
+    pub schedule: CosineSchedule,
+    /// AdamW hyper-parameters.
+    pub optimizer: AdamWConfig,
+    /// Global gradient-norm clip; 0 disables.
+    pub grad_clip: f64,
+    /// Steps between training log lines.
+    pub log_interval: usize,
+    /// Steps between validation passes.
+    pub eval_interval: usize,
+    /// Steps between `last/` checkpoints.
+    pub checkpoint_interval: usize,
+    /// Validation passes without improvement before stopping; `None` never stops early.
+    pub patience: Option<usize>,
+    /// Compute precision.
+    pub precision: Precision,
+    /// Output directory: `metrics.jsonl`, `loss.png`, `best/`, `last/`.
+    pub run_dir: PathBuf,
+    /// Continue from `run_dir/last` instead of starting afresh.
+    pub resume: bool,
+    /// The run configuration, recorded in every checkpoint.
+    pub config: serde_json::Value,
+}
+
+/// Why the loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// `max_steps` reached.
+    MaxSteps,
+    /// The wall-time limit was reached.
+    TimeLimit,
+    /// Validation stopped improving for `patience` passes.
+    EarlyStopping,
+    /// The stop flag was raised (Ctrl-C).
+    Interrupted,
+}
+
+/// What a finished (or stopped) run reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainSummary {
+    /// Optimiser steps completed, including those before a resume.
+    pub steps: usize,
+    /// Why the loop ended.
+    pub stop_reason: StopReason,
+    /// Training loss of every step run in this invocation, in order.
+    pub losses: Vec<f64>,
+    /// Best validation loss (nats per token), if a validation pass ran.
+    pub best_val_loss: Option<f64>,
+    /// Bits per byte of the best validation pass.
+    pub best_val_bpb: Option<f64>,
+    /// Mean training throughput of this invocation.
+    pub tokens_per_sec: f64,
+}
+
+/// One optimiser step, for progress display.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepReport {
+    /// Steps completed.
+    pub step: usize,
+    /// The last step of the run.
+    pub max_steps: usize,
+    /// Mean loss of the step's micro-batches.
+    pub loss: f64,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Throughput of this invocation so far.
+    pub tokens_per_sec: f64,
+}
+
+/// Receives progress; every method does nothing by default.
+pub trait Observer {
+    /// After every optimiser step.
+    fn on_step(&mut self, _report: &StepReport) {}
+    /// After every validation pass.
+    fn on_eval(&mut self, _record: &MetricsRecord) {}
+    /// A one-line notice (checkpoint written, resumed, plot failed).
+    fn on_message(&mut self, _message: &str) {}
+}
+
+/// An observer that ignores everything.
+impl Observer for () {}
+
+/// Trains `model` on `data`, writing metrics, checkpoints and the loss plot under `settings.run_dir`.
+///
+/// With `settings.resume`, the model, optimizer, schedule step, data position and early-stopping state are
+/// restored from `run_dir/last`, so the run continues exactly as if it had not stopped. Raising `stop` makes the
+/// loop write a checkpoint and return after the current step.
+pub fn train<AB, M>(
+    model: M,
+    data: &mut dyn TrainData,
+    store: &dyn ModelStore<M>,
+    settings: &TrainSettings,
+    observer: &mut dyn Observer,
+    stop: &AtomicBool,
+) -> Result<TrainSummary, TrainError>
+where
+    AB: AutodiffBackend,
+    M: AutodiffModule<AB> + LanguageModel<AB>,
+    M::InnerModule: LanguageModel<AB::InnerBackend>,
+{
+    if settings.precision == Precision::Bf16 {
+        return Err(TrainError::Unsupported {
+            key: "training.precision".into(),
+            message: "bf16 mixed precision is not implemented yet; use `f32`".into(),
+        });
+    }
+    std::fs::create_dir_all(&settings.run_dir).map_err(|e| TrainError::io(&settings.run_dir, e))?;
+    let device = model.devices().into_iter().next().unwrap_or_default();
+    let mut optimizer = AdamW::<AB::InnerBackend>::new(settings.optimizer);
+    let mut model = model;
+    let mut state = TrainerState {
+        step: 0,
+        tokens_seen: 0,
+        best_val_loss: None,
+        evals_since_best: 0,
+        elapsed_s: 0.0,
+        data: serde_json::Value::Null,
+        config: settings.config.clone(),
+    };
+    let last_dir = settings.run_dir.join("last");
+    if settings.resume {
+        let dir = resolve_checkpoint(&last_dir).ok_or_else(|| TrainError::External {
+            context: format!("--resume: {}", last_dir.display()),
+            message: "no checkpoint to resume from (trainer_state.json missing)".into(),
+        })?;
+        state = TrainerState::load(&dir)?;
+        model = store
+            .load(model, &dir)
+            .map_err(|e| external(format!("loading the model from {}", dir.display()), e))?;
+        let optimizer_dir = dir.join(OPTIMIZER_FILE);
+        optimizer.load(&optimizer_dir, &device)?;
+        data.restore(&state.data)
+            .map_err(|e| external("restoring the data position".into(), e))?;
+        observer.on_message(&format!(
+            "resumed from {} at step {}",
+            dir.display(),
+            state.step
+        ));
+    }
+    let mut metrics = MetricsLog::open(&settings.run_dir.join("metrics.jsonl"), state.step)?;
+    let tokens_per_step =
+        (settings.batch_size * settings.block_size * settings.grad_accum_steps) as u64;
+    let started = Instant::now();
+    let elapsed_before = state.elapsed_s;
+    let tokens_before = state.tokens_seen;
+    let mut losses = Vec::new();
+    let mut best_val_bpb = None;
+    let mut last_eval_step = None;
+    let mut interval_start = (Instant::now(), state.tokens_seen);
+    let stop_reason = loop {
+        if state.step >= settings.max_steps {
+            break StopReason::MaxSteps;
+        }
+        if stop.load(Ordering::SeqCst) {
+            break StopReason::Interrupted;
+        }
+        if settings
+            .time_limit
+            .is_some_and(|limit| started.elapsed() >= limit)
+        {
+            break StopReason::TimeLimit;
+        }
+        let lr = settings.schedule.lr(state.step);
+        let (loss, grad_norm, next) =
+            train_step(model, data, &mut optimizer, settings, lr, &device)?;
+        model = next;
+        state.step += 1;
+        state.tokens_seen += tokens_per_step;
+        state.elapsed_s = elapsed_before + started.elapsed().as_secs_f64();
+        if !loss.is_finite() {
+            return Err(TrainError::Diverged {
+                step: state.step,
+                loss: loss as f32,
+            });
+        }
+        losses.push(loss);
+        let tokens_per_sec =
+            (state.tokens_seen - tokens_before) as f64 / started.elapsed().as_secs_f64().max(1e-9);
+        observer.on_step(&StepReport {
+            step: state.step,
+            max_steps: settings.max_steps,
+            loss,
+            lr,
+            grad_norm,
+            tokens_per_sec,
+        });
+        if state.step % settings.log_interval == 0 {
+            let (since, tokens_then) = interval_start;
+            let rate =
+                (state.tokens_seen - tokens_then) as f64 / since.elapsed().as_secs_f64().max(1e-9);
+            metrics.append(&MetricsRecord {
+                step: state.step,
+                loss: Some(loss),
+                lr: Some(lr),
+                grad_norm: Some(grad_norm),
+                tokens_per_sec: Some(rate),
+                elapsed_s: Some(state.elapsed_s),
+                ..Default::default()
+            })?;
+            interval_start = (Instant::now(), state.tokens_seen);
+        }
+        if state.step % settings.eval_interval == 0 {
+            let stop_early = evaluate_and_track(
+                &model,
+                data,
+                store,
+                &optimizer,
+                &mut state,
+                settings,
+                &mut metrics,
+                observer,
+                &mut best_val_bpb,
+            )?;
+            last_eval_step = Some(state.step);
+            if stop_early {
+                break StopReason::EarlyStopping;
+            }
+        }
+        if state.step % settings.checkpoint_interval == 0 {
+            save_checkpoint(&last_dir, &model, store, &optimizer, &state, data)?;
+        }
+    };
+    if last_eval_step != Some(state.step)
+        && state.step > 0
+        && stop_reason != StopReason::Interrupted
+    {
+        evaluate_and_track(
+            &model,
+            data,
+            store,
+            &optimizer,
+            &mut state,
+            settings,
+            &mut metrics,
+            observer,
+            &mut best_val_bpb,
+        )?;
+    }
+    state.elapsed_s = elapsed_before + started.elapsed().as_secs_f64();
+    save_checkpoint(&last_dir, &model, store, &optimizer, &state, data)?;
+    observer.on_message(&format!(
+        "checkpoint written to {} (step {})",
+        last_dir.display(),
+        state.step
+    ));
+    match plot::plot_run(&settings.run_dir) {
+        Ok(path) => observer.on_message(&format!("loss curves drawn to {}", path.display())),
+        Err(e) => observer.on_message(&format!("warning: {e}")),
+    }
+    Ok(TrainSummary {
+        steps: state.step,
+        stop_reason,
+        losses,
+        best_val_loss: state.best_val_loss,
+        best_val_bpb,
+        tokens_per_sec: (state.tokens_seen - tokens_before) as f64
+            / started.elapsed().as_secs_f64().max(1e-9),
+    })
+}
+
+/// Runs `grad_accum_steps` micro-batches, clips, and applies one AdamW update. Returns (mean loss, norm, model).
+fn train_step<AB, M>(
+    model: M,
+    data: &mut dyn TrainData,
+    optimizer: &mut AdamW<AB::InnerBackend>,
+    settings: &TrainSettings,
+    lr: f64,
+    device: &AB::Device,
+) -> Result<(f64, f64, M), TrainError>
+where
+    AB: AutodiffBackend,
+    M: AutodiffModule<AB> + LanguageModel<AB>,
+{
+    let micro_batches = settings.grad_accum_steps;
+    let mut grads: Option<Gradients<AB::InnerBackend>> = None;
+    let mut loss_sum = 0.0;
+    for _ in 0..micro_batches {
+        let rows = data
+            .next_batch()
+            .map_err(|e| external("reading a training batch".into(), e))?;
+        let (inputs, targets) = inputs_and_targets::<AB>(&rows, settings.block_size, device);
+        // Each micro-batch's loss is divided by their count, so the summed gradients are those of the mean loss
+        // over all micro-batches: the gradient of one batch N times larger.
+        let logits = model
+            .logits(inputs)
+            .map_err(|e| external("forward pass".into(), e))?;
+        let loss = cross_entropy(logits, targets).div_scalar(micro_batches as f64);
+        loss_sum += loss.clone().into_scalar().elem::<f64>();
+        let micro = Gradients::from_backward(&model, loss.backward());
+        match grads.as_mut() {
+            Some(total) => total.accumulate(micro),
+            None => grads = Some(micro),
+        }
+    }
+    let Some(mut grads) = grads else {
+        return Ok((0.0, 0.0, model));
+    };
+    let norm = grads.clip_global_norm(settings.grad_clip);
+    let model = optimizer.step(lr, model, &grads);
+    Ok((loss_sum, norm, model))
+}
+
+/// Mean loss per token over the fixed validation batches (which may differ in row count), on the inner
+/// (no-autodiff) model. Returns nats per token.
+pub fn validation_loss<AB, M>(
+    model: &M,
+    data: &mut dyn TrainData,
+    block_size: usize,
+) -> Result<f64, TrainError>
+where
+    AB: AutodiffBackend,
+    M: AutodiffModule<AB>,
+    M::InnerModule: LanguageModel<AB::InnerBackend>,
+{
+    let inner = model.valid();
+    let device = inner.devices().into_iter().next().unwrap_or_default();
+    let batches = data
+        .validation_batches()
+        .map_err(|e| external("reading validation batches".into(), e))?;
+    if batches.is_empty() {
+        return Err(TrainError::External {
+            context: "validation".into(),
+            message: "the validation split yields no windows; lower model.block_size or raise data.val_fraction".into(),
+        });
+    }
+    let (mut total, mut rows_seen) = (0.0, 0usize);
+    for rows in &batches {
+        let count = rows.len() / (block_size + 1);
+        let (inputs, targets) = inputs_and_targets::<AB::InnerBackend>(rows, block_size, &device);
+        let logits = inner
+            .logits(inputs)
+            .map_err(|e| external("validation forward pass".into(), e))?;
+        total += cross_entropy(logits, targets).into_scalar().elem::<f64>() * count as f64;
+        rows_seen += count;
+    }
+    Ok(total / rows_seen.max(1) as f64)
+}
+
+/// One validation pass: logs it, saves `best/` on improvement, and says whether patience has run out.
+#[allow(clippy::too_many_arguments)]
+fn evaluate_and_track<AB, M>(
+    model: &M,
+    data: &mut dyn TrainData,
+    store: &dyn ModelStore<M>,
+    optimizer: &AdamW<AB::InnerBackend>,
+    state: &mut TrainerState,
+    settings: &TrainSettings,
+    metrics: &mut MetricsLog,
+    observer: &mut dyn Observer,
+    best_val_bpb: &mut Option<f64>,
+) -> Result<bool, TrainError>
+where
+    AB: AutodiffBackend,
+    M: AutodiffModule<AB>,
+    M::InnerModule: LanguageModel<AB::InnerBackend>,
+{
+    let val_loss = validation_loss::<AB, M>(model, data, settings.block_size)?;
+    let val_bpb = val_loss / std::f64::consts::LN_2 / data.bytes_per_token();
+    let record = MetricsRecord {
+        step: state.step,
+        val_loss: Some(val_loss),
+        val_bpb: Some(val_bpb),
+        val_ppl: Some(val_loss.exp()),
+        ..Default::default()
+    };
+    metrics.append(&record)?;
+    observer.on_eval(&record);
+    if state.best_val_loss.is_none_or(|best| val_loss < best) {
+        state.best_val_loss = Some(val_loss);
+        state.evals_since_best = 0;
+        *best_val_bpb = Some(val_bpb);
+        save_checkpoint(
+            &settings.run_dir.join("best"),
+            model,
+            store,
+            optimizer,
+            state,
+            data,
+        )?;
+        Ok(false)
+    } else {
+        state.evals_since_best += 1;
+        Ok(settings
+            .patience
+            .is_some_and(|p| state.evals_since_best >= p))
+    }
+}
+
+fn save_checkpoint<M>(
+    dir: &Path,
+    model: &M,
+    store: &dyn ModelStore<M>,
+    optimizer: &AdamW<impl burn::tensor::backend::Backend>,
+    state: &TrainerState,
+    data: &dyn TrainData,
+) -> Result<(), TrainError> {
+    let mut state = state.clone();
+    state.data = data.state();
+    write_atomically(dir, |tmp| {
+        store
+            .save(model, tmp)
+            .map_err(|e| external(format!("saving the model to {}", tmp.display()), e))?;
+        optimizer.save(&tmp.join(OPTIMIZER_FILE))?;
+        state.save(tmp)
+    })
+}
+
+fn external(context: String, error: crate::model_io::BoxError) -> TrainError {
+    TrainError::External {
+        context,
+        message: error.to_string(),
+    }
+}

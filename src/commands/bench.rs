@@ -1,0 +1,362 @@
+//! `ember bench`: latency, throughput and memory reports, suites, and comparisons of two reports.
+//!
+//! Every mode measures through ember-bench and prints its [`Report`] as a table or JSON; `--output` also writes
+//! the JSON to a file so that later runs can be compared with `--compare OLD.json NEW.json`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, anyhow, bail};
+use burn::backend::Autodiff;
+use ember_bench::suites::{kernels, tokenizer, train};
+use ember_bench::{
+    EMBER_VERSION, KernelSuite, Machine, ModelSettings, MonotonicClock, Pass, Repetitions, Report,
+    ReportBody, SCHEMA_VERSION, TrainSettings, bench_model, compare, now_rfc3339,
+    render_comparison, render_report, synthetic_prompt,
+};
+use ember_inference::ModelAssets;
+use ember_model::{AttentionBackend, AttentionKernel, ModelSpec, Positions, Transformer};
+use ember_training::{HfModelStore, InMemoryData};
+
+use crate::Context;
+use crate::backend::{SystemProbe, select};
+use crate::config::RunConfig;
+
+/// Which suite `--suite` runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Suite {
+    /// Each attention kernel, forward and forward+backward, across `--seq-lens`.
+    Kernels,
+    /// Tokenizer encode throughput of `--tokenizer` on `--corpus`.
+    Tokenizer,
+    /// Training step time and tokens/s of the model in `--config`.
+    Train,
+}
+
+/// How reports are printed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// A readable table.
+    Table,
+    /// The JSON report (the format `--compare` reads).
+    Json,
+}
+
+/// Flags of `ember bench`.
+#[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("mode").required(true).args(["model", "compare", "suite"])))]
+pub struct Args {
+    /// Model directory (Hugging Face layout) whose generation to measure.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Compare two JSON reports written by `--format json` or `--output`: the change of each figure and a verdict.
+    #[arg(long, num_args = 2, value_names = ["OLD", "NEW"])]
+    pub compare: Option<Vec<PathBuf>>,
+    /// Run a suite instead of a model bench.
+    #[arg(long, value_enum)]
+    pub suite: Option<Suite>,
+    /// Attention kernel for --model and --suite train: manual, fused or flash [default: flash].
+    #[arg(long, default_value = "flash")]
+    pub attention: String,
+    /// Weight quantization for --model (int8, int4) [default: none, f32 weights].
+    #[arg(long)]
+    pub quantize: Option<String>,
+    /// Sequences per batch [default: 1 for --model, the config's training.batch_size for --suite train].
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// Prompt tokens per sequence for --model (a fixed synthetic prompt spread over the vocabulary) [default: 128].
+    #[arg(long, default_value_t = 128)]
+    pub prompt_len: usize,
+    /// Tokens generated per sequence for --model, the first by the prefill [default: 64].
+    #[arg(long, default_value_t = 64)]
+    pub gen_len: usize,
+    /// Measured runs (training steps for --suite train) [default: 5].
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Discarded warm-up runs before measuring (at least 1 for --suite train) [default: 1].
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    /// Output format [default: table].
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Also write the JSON report to this file [default: none].
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// Relative change that --compare counts as noise, as a fraction [default: 0.05, i.e. 5%].
+    #[arg(long, default_value_t = 0.05)]
+    pub noise: f64,
+    /// Sequence lengths of --suite kernels, comma-separated [default: 128,256,512,1024].
+    #[arg(long, value_delimiter = ',')]
+    pub seq_lens: Vec<usize>,
+    /// Kernels of --suite kernels, comma-separated [default: manual,fused,flash].
+    #[arg(long, value_delimiter = ',')]
+    pub kernels: Vec<String>,
+    /// Tokenizer file for --suite tokenizer (tokenizer.json, tiktoken ranks, ...) [default: none, required].
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// UTF-8 text file that --suite tokenizer encodes [default: none, required].
+    #[arg(long)]
+    pub corpus: Option<PathBuf>,
+    /// Run config whose model --suite train trains on synthetic tokens [default: configs/default.yaml].
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Tokens per training sequence for --suite train [default: the config's model.block_size].
+    #[arg(long)]
+    pub seq_len: Option<usize>,
+}
+
+/// Runs `ember bench`.
+pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
+    if let Some(paths) = &args.compare {
+        return run_compare(&paths[0], &paths[1], args.noise);
+    }
+    let request = ctx.backend_or(None);
+    let selection = select(request, &SystemProbe)?;
+    if !ctx.quiet {
+        eprintln!("{}", selection.describe());
+    }
+    let (format, output) = (args.format, args.output.clone());
+    let job = BenchJob {
+        args,
+        quiet: ctx.quiet,
+    };
+    // `BackendJob::run` is bounded by burn's `Backend`; the kernels and the transformer need ember's
+    // `AttentionBackend`, which every backend ember compiles in implements, so the dispatch is spelled out here.
+    let body = match selection.kind {
+        #[cfg(feature = "cuda")]
+        crate::backend::BackendKind::Cuda => job.run::<burn::backend::Cuda>(Default::default()),
+        #[cfg(feature = "wgpu")]
+        crate::backend::BackendKind::Wgpu => job.run::<burn::backend::Wgpu>(Default::default()),
+        #[cfg(feature = "ndarray")]
+        crate::backend::BackendKind::NdArray => {
+            job.run::<burn::backend::NdArray>(Default::default())
+        }
+        _ => job.run::<burn::backend::Flex>(Default::default()),
+    }?;
+    let report = Report {
+        schema_version: SCHEMA_VERSION,
+        ember_version: EMBER_VERSION.to_string(),
+        timestamp: now_rfc3339(),
+        machine: Machine::detect(),
+        backend: selection.kind.to_string(),
+        threads: rayon::current_num_threads(),
+        body,
+    };
+    emit(&report, format, output.as_deref())
+}
+
+/// Prints `report` in `format` and writes its JSON to `output` when given.
+fn emit(report: &Report, format: Format, output: Option<&Path>) -> anyhow::Result<()> {
+    let json = report.to_json().context("serialising the report")?;
+    if let Some(path) = output {
+        std::fs::write(path, format!("{json}\n"))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    match format {
+        Format::Json => println!("{json}"),
+        Format::Table => print!("{}", render_report(report)),
+    }
+    Ok(())
+}
+
+fn run_compare(old: &Path, new: &Path, noise: f64) -> anyhow::Result<()> {
+    let old_report = Report::read(old)?;
+    let new_report = Report::read(new)?;
+    let comparison = compare(&old_report, &new_report, noise)?;
+    println!(
+        "comparing {} (old) with {} (new)",
+        old.display(),
+        new.display()
+    );
+    print!("{}", render_comparison(&comparison));
+    Ok(())
+}
+
+/// The monomorphised part of `ember bench`.
+struct BenchJob {
+    args: Args,
+    quiet: bool,
+}
+
+impl BenchJob {
+    fn run<B: AttentionBackend>(&self, device: B::Device) -> anyhow::Result<ReportBody> {
+        let args = &self.args;
+        if args.model.is_some() {
+            return self.model_bench::<B>(&device);
+        }
+        match args.suite {
+            Some(Suite::Kernels) => self.kernel_suite::<B>(&device),
+            Some(Suite::Tokenizer) => self.tokenizer_suite(),
+            Some(Suite::Train) => self.train_suite::<B>(&device),
+            None => bail!("nothing to do: pass --model, --suite or --compare"),
+        }
+    }
+
+    fn model_bench<B: AttentionBackend>(&self, device: &B::Device) -> anyhow::Result<ReportBody> {
+        let args = &self.args;
+        let path = args
+            .model
+            .as_deref()
+            .ok_or_else(|| anyhow!("--model is required"))?;
+        if let Some(scheme) = &args.quantize {
+            bail!(
+                "--quantize {scheme}: quantized weights are not wired into the model loader yet \
+                 (ember-optimization's quantized linear layers); run without --quantize for f32 weights"
+            );
+        }
+        let kernel: AttentionKernel = args.attention.parse()?;
+        let assets =
+            ModelAssets::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let model = assets
+            .load::<B>(device, None)
+            .with_context(|| format!("loading {}", path.display()))?;
+        let settings = ModelSettings {
+            batch: args.batch.unwrap_or(1),
+            prompt_len: args.prompt_len,
+            gen_len: args.gen_len,
+            runs: args.runs,
+            warmup: args.warmup,
+            attention: kernel.name().to_string(),
+            quantize: None,
+        };
+        let name = path.display().to_string();
+        let clock = MonotonicClock::new();
+        let bench = bench_model(
+            model.with_kernel(kernel),
+            device.clone(),
+            name,
+            "f32".into(),
+            settings,
+            &clock,
+        )?;
+        Ok(ReportBody::Model(bench))
+    }
+
+    fn kernel_suite<B: AttentionBackend>(&self, device: &B::Device) -> anyhow::Result<ReportBody> {
+        let args = &self.args;
+        let mut settings = kernels::default_settings();
+        if !args.seq_lens.is_empty() {
+            settings.seq_lens = args.seq_lens.clone();
+        }
+        settings.batch = args.batch.unwrap_or(settings.batch);
+        settings.runs = args.runs;
+        settings.warmup = args.warmup;
+        let kernel_list = if args.kernels.is_empty() {
+            AttentionKernel::ALL.to_vec()
+        } else {
+            args.kernels
+                .iter()
+                .map(|k| k.parse::<AttentionKernel>())
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        let quiet = self.quiet;
+        let results = kernels::run_kernel_suite::<B>(
+            &settings,
+            &kernel_list,
+            &[Pass::Forward, Pass::ForwardBackward],
+            device,
+            &MonotonicClock::new(),
+            |r| {
+                if !quiet {
+                    eprintln!(
+                        "  {:>6} {:<16} seq {:>5}: {:9.3} ms",
+                        r.kernel,
+                        r.pass.name(),
+                        r.seq_len,
+                        r.time_ms
+                    );
+                }
+            },
+        )?;
+        Ok(ReportBody::Kernels(KernelSuite { settings, results }))
+    }
+
+    fn tokenizer_suite(&self) -> anyhow::Result<ReportBody> {
+        let args = &self.args;
+        let tokenizer_path = args
+            .tokenizer
+            .as_deref()
+            .ok_or_else(|| anyhow!("--suite tokenizer needs --tokenizer FILE"))?;
+        let corpus = args
+            .corpus
+            .as_deref()
+            .ok_or_else(|| anyhow!("--suite tokenizer needs --corpus FILE"))?;
+        let reps = Repetitions {
+            warmup: args.warmup,
+            runs: args.runs,
+        };
+        let suite =
+            tokenizer::run_tokenizer_suite(tokenizer_path, corpus, reps, &MonotonicClock::new())?;
+        Ok(ReportBody::Tokenizer(suite))
+    }
+
+    fn train_suite<B: AttentionBackend>(&self, device: &B::Device) -> anyhow::Result<ReportBody> {
+        let args = &self.args;
+        let config_path = args
+            .config
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("configs/default.yaml"));
+        let config = RunConfig::load(&config_path)
+            .with_context(|| format!("loading {}", config_path.display()))?;
+        let m = &config.model;
+        let vocab = config.tokenizer.vocab_size;
+        let mut spec = ModelSpec::llama_style(
+            vocab,
+            m.hidden_size,
+            m.num_layers,
+            m.num_heads,
+            m.num_kv_heads,
+            m.intermediate_size,
+            m.block_size,
+        );
+        spec.tied_embeddings = m.tie_embeddings;
+        spec.norm.eps = m.norm_eps;
+        if let Positions::Rope(rope) = &mut spec.positions {
+            rope.theta = m.rope_theta;
+        }
+        let kernel: AttentionKernel = args.attention.parse()?;
+        let settings = TrainSettings {
+            config: config_path.display().to_string(),
+            batch: args.batch.unwrap_or(config.training.batch_size),
+            seq_len: args.seq_len.unwrap_or(m.block_size),
+            steps: args.runs,
+            warmup: args.warmup,
+        };
+        if settings.seq_len > m.block_size {
+            bail!(
+                "--seq-len {} exceeds the config's model.block_size {}",
+                settings.seq_len,
+                m.block_size
+            );
+        }
+        let model = Transformer::<Autodiff<B>>::init(&spec, config.seed, device)
+            .context("building the model")?
+            .with_kernel(kernel);
+        // Synthetic tokens: step time does not depend on what the ids are, only on their count.
+        let window = settings.seq_len + 1;
+        let tokens = synthetic_prompt(window * settings.batch * 4, vocab);
+        let mut data = InMemoryData::new(
+            tokens.clone(),
+            tokens,
+            settings.batch,
+            settings.seq_len,
+            1,
+            1.0,
+            config.seed,
+        )
+        .map_err(|e| anyhow!("building the synthetic training data: {e}"))?;
+        let run_dir =
+            std::env::temp_dir().join(format!("ember-bench-train-{}", std::process::id()));
+        let outcome = train::run_train_suite::<Autodiff<B>, _>(
+            model,
+            spec.parameter_count(),
+            &mut data,
+            &HfModelStore::default(),
+            settings,
+            &run_dir,
+            &MonotonicClock::new(),
+        );
+        // The loop's closing checkpoint is a by-product of using the real trainer; it is not kept.
+        let _ = std::fs::remove_dir_all(&run_dir);
+        Ok(ReportBody::Train(outcome?))
+    }
+}

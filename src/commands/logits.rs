@@ -1,0 +1,138 @@
+//! `ember logits`: run one forward pass and write the logits to safetensors, for checking against other
+//! implementations.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, bail};
+use burn::tensor::{Int, Tensor, TensorData};
+use ember_model::{AttentionBackend, AttentionKernel, ModelDir};
+use indicatif::{ProgressBar, ProgressStyle};
+use safetensors::tensor::{Dtype, TensorView};
+
+use crate::Context;
+use crate::backend::BackendJob;
+
+/// Flags of `ember logits`.
+#[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["tokens", "prompt"])))]
+pub struct Args {
+    /// Hugging Face model directory (config.json + model.safetensors) [required].
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Comma-separated token ids, e.g. `1,2,3` [this or --prompt is required].
+    #[arg(long, value_delimiter = ',')]
+    pub tokens: Option<Vec<u32>>,
+    /// Text to encode with the model directory's tokenizer [this or --tokens is required].
+    #[arg(long)]
+    pub prompt: Option<String>,
+    /// Output safetensors file: `logits` [T, vocab] f32 and `tokens` [T] i64 [required].
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Attention kernel: manual, fused or flash [default: flash].
+    #[arg(long, default_value = "flash")]
+    pub attention: String,
+}
+
+/// Loads the model on the selected backend and computes the logits of `ids`.
+struct LogitsJob {
+    dir: ModelDir,
+    ids: Vec<u32>,
+    kernel: AttentionKernel,
+    quiet: bool,
+}
+
+impl BackendJob for LogitsJob {
+    type Output = anyhow::Result<Vec<f32>>;
+
+    fn run<B: AttentionBackend>(self, device: B::Device) -> Self::Output {
+        let bar = if self.quiet {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::new(0)
+        };
+        bar.set_style(ProgressStyle::with_template(
+            "loading {bar:30} {pos}/{len} tensors {msg}",
+        )?);
+        let mut progress = |done: usize, total: usize, name: &str| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+            bar.set_message(name.to_string());
+        };
+        let loaded = self.dir.load::<B>(&device, Some(&mut progress))?;
+        bar.finish_and_clear();
+        if !loaded.unused.is_empty() && !self.quiet {
+            eprintln!(
+                "note: {} checkpoint tensors unused: {}",
+                loaded.unused.len(),
+                loaded.unused.join(", ")
+            );
+        }
+        let model = loaded.model.with_kernel(self.kernel);
+        model.check_tokens(&self.ids)?;
+        let data: Vec<i64> = self.ids.iter().map(|&id| i64::from(id)).collect();
+        let tokens =
+            Tensor::<B, 2, Int>::from_data(TensorData::new(data, [1, self.ids.len()]), &device);
+        let logits = model.forward(tokens)?.into_data().convert::<f32>();
+        logits
+            .into_vec::<f32>()
+            .map_err(|e| anyhow::anyhow!("reading logits back: {e:?}"))
+    }
+}
+
+fn write_output(path: &Path, ids: &[u32], logits: &[f32], vocab: usize) -> anyhow::Result<()> {
+    let token_bytes: Vec<u8> = ids
+        .iter()
+        .flat_map(|&id| i64::from(id).to_le_bytes())
+        .collect();
+    let logit_bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let views = vec![
+        (
+            "logits",
+            TensorView::new(Dtype::F32, vec![ids.len(), vocab], &logit_bytes)?,
+        ),
+        (
+            "tokens",
+            TensorView::new(Dtype::I64, vec![ids.len()], &token_bytes)?,
+        ),
+    ];
+    safetensors::serialize_to_file(views, &None, path)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Runs `ember logits`.
+pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
+    let kernel: AttentionKernel = args.attention.parse()?;
+    let dir = ModelDir::open(&args.model)
+        .with_context(|| format!("opening model {}", args.model.display()))?;
+    let ids = match (args.tokens, &args.prompt) {
+        (Some(ids), _) => ids,
+        (None, Some(prompt)) => {
+            let path = dir.tokenizer_path().with_context(|| {
+                format!("--prompt needs a tokenizer.json in {}", dir.dir.display())
+            })?;
+            let tokenizer = ember_tokenizer::Tokenizer::from_path(&path)?;
+            tokenizer.encode(prompt)?
+        }
+        (None, None) => bail!("give --tokens or --prompt"),
+    };
+    if ids.is_empty() {
+        bail!("no tokens to run (empty --tokens or --prompt)");
+    }
+    let vocab = dir.spec.vocab_size;
+    let job = LogitsJob {
+        dir,
+        ids: ids.clone(),
+        kernel,
+        quiet: ctx.quiet,
+    };
+    let logits = ctx.dispatch(None, job)??;
+    write_output(&args.output, &ids, &logits, vocab)?;
+    if !ctx.quiet {
+        eprintln!(
+            "wrote logits [{}, {vocab}] to {}",
+            ids.len(),
+            args.output.display()
+        );
+    }
+    Ok(())
+}

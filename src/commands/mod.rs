@@ -1,0 +1,58 @@
+//! One module per subcommand. Each defines its `Args` (clap) and a `run` function; this module only routes.
+
+use clap::Subcommand;
+
+use crate::Context;
+
+pub mod bench;
+pub mod generate;
+pub mod info;
+pub mod logits;
+pub mod plot;
+pub mod prepare;
+pub mod tokenize;
+pub mod train;
+pub mod train_tokenizer;
+
+/// The subcommands of `ember`.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Train a model from a YAML config (tokenizer, dataset and model are prepared as needed).
+    Train(train::Args),
+    /// Generate text from a model directory, checkpoint or GGUF file.
+    Generate(generate::Args),
+    /// Measure latency, throughput and memory, or compare two reports.
+    Bench(bench::Args),
+    /// Encode stdin to token ids, or decode ids back to text.
+    Tokenize(tokenize::Args),
+    /// Learn a byte-level BPE tokenizer from text files and write a Hugging Face tokenizer.json.
+    TrainTokenizer(train_tokenizer::Args),
+    /// Tokenize documents into memory-mapped shards with a train/validation split.
+    Prepare(prepare::Args),
+    /// Run a forward pass and write the logits to a safetensors file.
+    Logits(logits::Args),
+    /// Print a model's spec, parameter count and memory by dtype.
+    Info(info::Args),
+    /// Draw the loss curves of a training run to a PNG.
+    Plot(plot::Args),
+}
+
+/// Runs the chosen subcommand.
+pub fn run(command: Command, ctx: &Context) -> anyhow::Result<()> {
+    match command {
+        Command::Train(args) => train::run(args, ctx),
+        Command::Generate(args) => generate::run(args, ctx),
+        Command::Bench(args) => bench::run(args, ctx),
+        Command::Tokenize(args) => tokenize::run(args, ctx),
+        Command::TrainTokenizer(args) => train_tokenizer::run(args, ctx),
+        Command::Prepare(args) => prepare::run(args, ctx),
+        Command::Logits(args) => logits::run(args, ctx),
+        Command::Info(args) => info::run(args, ctx),
+        Command::Plot(args) => plot::run(args, ctx),
+    }
+}
+
+/// The error of a subcommand whose library has not landed yet: a clear refusal, never fake output.
+pub fn not_implemented(command: &str, issue: u32) -> anyhow::Error {
+    anyhow::anyhow!("`ember {command}` is not implemented yet (tracked in issue #{issue})")
+}

@@ -1,0 +1,96 @@
+//! `ember prepare`: tokenize documents into training shards.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use ember_dataset::clean::CleanOptions;
+use ember_dataset::{DEFAULT_SHARD_TOKENS, PrepareOptions, Progress, TokenizerEncoder, prepare};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::Context;
+
+/// Flags of `ember prepare`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Tokenizer: a tokenizer.json (or other tokenizer file) or a model directory holding one.
+    #[arg(long)]
+    pub tokenizer: PathBuf,
+    /// Input text files, directories of them (walked recursively, sorted, hidden files skipped) or .jsonl files.
+    #[arg(long, required = true, num_args = 1..)]
+    pub input: Vec<PathBuf>,
+    /// Output directory for the shards and manifest.json (created if missing; an earlier preparation there is
+    /// replaced).
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Fraction of the corpus held out for validation, in (0, 1) [default: 0.1].
+    #[arg(long, default_value_t = ember_dataset::DEFAULT_VAL_FRACTION)]
+    pub val_fraction: f64,
+    /// JSONL field holding each document's text [default: text].
+    #[arg(long, default_value = "text")]
+    pub text_field: String,
+    /// Maximum number of tokens per shard file [default: 67108864].
+    #[arg(long, default_value_t = DEFAULT_SHARD_TOKENS)]
+    pub shard_tokens: u64,
+    /// Clean chat/e-mail text first: normalise whitespace, strip quoted replies and signatures, redact e-mail
+    /// addresses, URLs, phone numbers and long digit runs [default: off].
+    #[arg(long)]
+    pub clean: bool,
+}
+
+/// Runs `ember prepare`.
+pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
+    let encoder = TokenizerEncoder::from_path(&args.tokenizer)
+        .with_context(|| format!("loading tokenizer {}", args.tokenizer.display()))?;
+    let options = PrepareOptions {
+        val_fraction: args.val_fraction,
+        text_field: args.text_field,
+        shard_tokens: args.shard_tokens,
+        clean: args.clean.then(CleanOptions::all),
+        ..PrepareOptions::new(args.input, args.output.clone())
+    };
+    let bar = if ctx.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
+    };
+    let style = ProgressStyle::with_template(
+        "{spinner} {bytes}/{total_bytes} {wide_bar} {bytes_per_sec} eta {eta}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    let progress = |p: Progress| {
+        bar.set_length(p.bytes_total);
+        bar.set_position(p.bytes_done.max(bar.position()));
+    };
+    let started = Instant::now();
+    let report = prepare(&encoder, &options, &progress)
+        .with_context(|| format!("preparing {}", args.output.display()))?;
+    let seconds = started.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    for warning in &report.warnings {
+        eprintln!("warning: {warning}");
+    }
+    if !ctx.quiet {
+        let m = &report.manifest;
+        let bytes: u64 = m.inputs.iter().map(|i| i.bytes).sum();
+        let tokens = m.train.tokens + m.val.tokens;
+        eprintln!(
+            "prepared {} documents ({} MB) into {} shards in {}: train {} tokens, val {} tokens ({:?}, {:?})",
+            m.inputs.iter().map(|i| i.documents).sum::<u64>() - m.skipped_empty_documents,
+            bytes as f64 / 1e6,
+            m.shards.len(),
+            args.output.display(),
+            m.train.tokens,
+            m.val.tokens,
+            m.dtype,
+            m.split_method,
+        );
+        eprintln!(
+            "{seconds:.2} s: {:.2} MB/s, {:.0} tokens/s",
+            bytes as f64 / 1e6 / seconds.max(1e-9),
+            tokens as f64 / seconds.max(1e-9)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,353 @@
+//! `ember train`: train a model from a YAML config.
+//!
+//! Prepares what the config needs (a byte-level BPE trained on the corpus and the tokenized shards, both cached
+//! under `data.cache_dir`), builds a LLaMA-style model, and runs ember-training's loop with a progress bar.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use burn::backend::Autodiff;
+use ember_dataset::{DocumentEncoder, PrepareOptions, Split, TokenDataset, stable_hash};
+use ember_model::{AttentionBackend, AttentionKernel, ModelSpec, Positions, Transformer};
+use ember_tokenizer::{NoProgress, Tokenizer};
+use ember_training::{
+    AdamWConfig, CosineSchedule, DecayPolicy, HfModelStore, MetricsRecord, Observer, ShardData, StepReport,
+    TrainSettings, TrainSummary,
+};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::Context;
+use crate::backend::BackendJob;
+use crate::config::{Precision, RunConfig};
+
+/// Flags of `ember train`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// YAML run configuration (see configs/default.yaml for every key and its default).
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Output directory [default: runs/<name> from the config].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Stop after this many optimiser steps [default: the config's training.max_steps]; the schedule is unchanged.
+    #[arg(long)]
+    pub max_steps: Option<usize>,
+    /// Stop after this many minutes of wall time [default: the config's training.time_limit_min, else none].
+    #[arg(long)]
+    pub time_limit: Option<f64>,
+    /// Continue the run in the output directory from its last/ checkpoint [default: start afresh].
+    #[arg(long)]
+    pub resume: bool,
+}
+
+/// Runs `ember train`.
+pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
+    let config = RunConfig::load(&args.config).with_context(|| format!("loading {}", args.config.display()))?;
+    let run_dir = args.out.clone().unwrap_or_else(|| Path::new("runs").join(&config.name));
+    if !args.resume && run_dir.join("last").exists() {
+        bail!(
+            "{} already holds a run; pass --resume to continue it or --out to train into another directory",
+            run_dir.display()
+        );
+    }
+    let tokenizer_path = ensure_tokenizer(&config, ctx)?;
+    let tokenizer = Tokenizer::from_path(&tokenizer_path)
+        .with_context(|| format!("loading tokenizer {}", tokenizer_path.display()))?;
+    let data_dir = ensure_dataset(&config, &tokenizer, &tokenizer_path, ctx)?;
+    let config_json = serde_json::to_value(config_summary(&config))?;
+    let settings = settings(&config, &args, run_dir.clone(), config_json)?;
+    let job = TrainJob { config, settings, tokenizer, tokenizer_path, data_dir, quiet: ctx.quiet };
+    let backend = job.config.backend;
+    let summary = ctx.dispatch(backend, job)??;
+    if !ctx.quiet {
+        let best = match (summary.best_val_loss, summary.best_val_bpb) {
+            (Some(loss), Some(bpb)) => format!("best val loss {loss:.4} ({bpb:.4} bits/byte)"),
+            _ => "no validation pass".into(),
+        };
+        eprintln!(
+            "{:?} after {} steps; {best}; {:.0} tokens/s; model in {}",
+            summary.stop_reason,
+            summary.steps,
+            summary.tokens_per_sec,
+            run_dir.join("best").display()
+        );
+    }
+    Ok(())
+}
+
+/// The config with paths made printable, recorded in every checkpoint.
+fn config_summary(config: &RunConfig) -> serde_json::Value {
+    serde_json::json!({
+        "name": config.name,
+        "seed": config.seed,
+        "data": { "inputs": config.data.inputs, "val_fraction": config.data.val_fraction },
+        "tokenizer": { "path": config.tokenizer.path, "vocab_size": config.tokenizer.vocab_size },
+        "model": format!("{:?}", config.model),
+        "training": format!("{:?}", config.training),
+    })
+}
+
+fn settings(config: &RunConfig, args: &Args, run_dir: PathBuf, config_json: serde_json::Value) -> anyhow::Result<TrainSettings> {
+    let t = &config.training;
+    let time_limit = args.time_limit.or(t.time_limit_min);
+    if let Some(minutes) = time_limit
+        && !(minutes > 0.0 && minutes.is_finite())
+    {
+        bail!("--time-limit: expected a positive number of minutes, found {minutes}");
+    }
+    Ok(TrainSettings {
+        batch_size: t.batch_size,
+        block_size: config.model.block_size,
+        grad_accum_steps: t.grad_accum_steps,
+        max_steps: args.max_steps.unwrap_or(t.max_steps),
+        time_limit: time_limit.map(|m| Duration::from_secs_f64(m * 60.0)),
+        schedule: CosineSchedule {
+            peak: t.learning_rate,
+            floor: t.min_learning_rate,
+            warmup_steps: t.warmup_steps,
+            total_steps: t.max_steps,
+        },
+        optimizer: AdamWConfig {
+            beta1: t.beta1,
+            beta2: t.beta2,
+            eps: t.eps,
+            weight_decay: t.weight_decay,
+            decay_policy: DecayPolicy::MatricesExceptEmbeddings,
+        },
+        grad_clip: t.grad_clip,
+        log_interval: t.log_interval,
+        eval_interval: t.eval_interval,
+        checkpoint_interval: t.checkpoint_interval,
+        patience: t.patience,
+        precision: match t.precision {
+            Precision::F32 => ember_training::Precision::F32,
+            Precision::Bf16 => ember_training::Precision::Bf16,
+        },
+        run_dir,
+        resume: args.resume,
+        config: config_json,
+    })
+}
+
+/// The tokenizer the config names, or one trained on the corpus and cached under `data.cache_dir`, keyed by the
+/// input files (names and sizes), the vocabulary size and the special tokens.
+fn ensure_tokenizer(config: &RunConfig, ctx: &Context) -> anyhow::Result<PathBuf> {
+    if let Some(path) = &config.tokenizer.path {
+        return Ok(path.clone());
+    }
+    let files = text_files(&config.data.inputs)?;
+    let mut key = format!("{}|{:?}", config.tokenizer.vocab_size, config.tokenizer.special_tokens);
+    for file in &files {
+        let size = std::fs::metadata(file).with_context(|| format!("reading {}", file.display()))?.len();
+        key.push_str(&format!("|{}:{size}", file.display()));
+    }
+    let dir = config.data.cache_dir.join(format!("tokenizer-{:016x}", stable_hash(key.as_bytes())));
+    let path = dir.join("tokenizer.json");
+    if path.is_file() {
+        if !ctx.quiet {
+            eprintln!("reusing tokenizer {}", path.display());
+        }
+        return Ok(path);
+    }
+    if !ctx.quiet {
+        eprintln!("training a {}-token BPE tokenizer on {} file(s)", config.tokenizer.vocab_size, files.len());
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    ember_tokenizer::train_tokenizer_files(
+        &files,
+        config.tokenizer.vocab_size,
+        &config.tokenizer.special_tokens,
+        &dir,
+        &mut NoProgress,
+    )
+    .with_context(|| format!("training the tokenizer into {}", dir.display()))?;
+    Ok(path)
+}
+
+/// Every regular file of `inputs`, directories walked in sorted order.
+fn text_files(inputs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for input in inputs {
+        if input.is_dir() {
+            let mut entries: Vec<PathBuf> = std::fs::read_dir(input)
+                .with_context(|| format!("listing {}", input.display()))?
+                .map(|e| e.map(|e| e.path()))
+                .collect::<Result<_, _>>()
+                .with_context(|| format!("listing {}", input.display()))?;
+            entries.sort();
+            files.extend(text_files(&entries)?);
+        } else if input.is_file() {
+            files.push(input.clone());
+        } else {
+            bail!("data.inputs: {} does not exist", input.display());
+        }
+    }
+    if files.is_empty() {
+        bail!("data.inputs: no input files");
+    }
+    Ok(files)
+}
+
+/// Encodes documents with the run's tokenizer for ember-dataset.
+struct Encoder<'a> {
+    tokenizer: &'a Tokenizer,
+    fingerprint: String,
+}
+
+impl DocumentEncoder for Encoder<'_> {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        self.tokenizer.encode_ordinary(text).map_err(|e| e.to_string())
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.tokenizer.vocab_size()
+    }
+
+    fn eos_id(&self) -> Option<u32> {
+        self.tokenizer.eos_id()
+    }
+
+    fn fingerprint(&self) -> String {
+        self.fingerprint.clone()
+    }
+}
+
+/// The prepared corpus directory for this tokenizer, preparing it when missing or stale.
+fn ensure_dataset(config: &RunConfig, tokenizer: &Tokenizer, tokenizer_path: &Path, ctx: &Context) -> anyhow::Result<PathBuf> {
+    let bytes = std::fs::read(tokenizer_path).with_context(|| format!("reading {}", tokenizer_path.display()))?;
+    let fingerprint = format!("{:016x}", stable_hash(&bytes));
+    let dir = config.data.cache_dir.join(format!("data-{fingerprint}"));
+    if TokenDataset::open_for_tokenizer(&dir, Split::Train, &fingerprint).is_ok() {
+        if !ctx.quiet {
+            eprintln!("reusing prepared data {}", dir.display());
+        }
+        return Ok(dir);
+    }
+    if !ctx.quiet {
+        eprintln!("tokenizing the corpus into {}", dir.display());
+    }
+    let encoder = Encoder { tokenizer, fingerprint };
+    let mut options = PrepareOptions::new(config.data.inputs.clone(), dir.clone());
+    options.val_fraction = config.data.val_fraction;
+    options.text_field = config.data.text_field.clone();
+    let report = ember_dataset::prepare(&encoder, &options, &|_| {})
+        .with_context(|| format!("preparing the corpus into {}", dir.display()))?;
+    if !ctx.quiet {
+        for warning in report.warnings {
+            eprintln!("warning: {warning}");
+        }
+    }
+    Ok(dir)
+}
+
+/// The monomorphised part of `ember train`.
+struct TrainJob {
+    config: RunConfig,
+    settings: TrainSettings,
+    tokenizer: Tokenizer,
+    tokenizer_path: PathBuf,
+    data_dir: PathBuf,
+    quiet: bool,
+}
+
+impl BackendJob for TrainJob {
+    type Output = anyhow::Result<TrainSummary>;
+
+    fn run<B: AttentionBackend>(self, device: B::Device) -> anyhow::Result<TrainSummary> {
+        let m = &self.config.model;
+        let mut spec = ModelSpec::llama_style(
+            self.tokenizer.vocab_size(),
+            m.hidden_size,
+            m.num_layers,
+            m.num_heads,
+            m.num_kv_heads,
+            m.intermediate_size,
+            m.block_size,
+        );
+        spec.tied_embeddings = m.tie_embeddings;
+        spec.norm.eps = m.norm_eps;
+        if let Positions::Rope(rope) = &mut spec.positions {
+            rope.theta = m.rope_theta;
+        }
+        let kernel = match m.attention.as_str() {
+            "manual" => AttentionKernel::Manual,
+            "fused" => AttentionKernel::Fused,
+            _ => AttentionKernel::Flash,
+        };
+        let model = Transformer::<Autodiff<B>>::init(&spec, self.config.seed, &device)
+            .context("building the model")?
+            .with_kernel(kernel);
+        let train_set = Arc::new(TokenDataset::open(&self.data_dir, Split::Train)?);
+        let val_set = Arc::new(TokenDataset::open(&self.data_dir, Split::Val)?);
+        let tokenizer = &self.tokenizer;
+        let mut data = ShardData::new(
+            train_set,
+            val_set,
+            self.settings.batch_size,
+            self.settings.block_size,
+            self.config.training.eval_batches,
+            self.config.seed,
+        )
+        .map_err(|e| anyhow::anyhow!("{}: {e}", self.data_dir.display()))?
+        .bytes_per_token_of(|ids| tokenizer.decode_bytes(ids).map_or(0, |b| b.len()));
+        if !self.quiet {
+            eprintln!(
+                "model: {:.2}M parameters ({} layers, hidden {}), {} tokens per step, {:.2} bytes per token",
+                spec.parameter_count() as f64 / 1e6,
+                spec.num_layers,
+                spec.hidden_size,
+                self.settings.batch_size * self.settings.block_size * self.settings.grad_accum_steps,
+                data.ratio()
+            );
+        }
+        let stop = ember_training::interrupt_flag()?;
+        let store = HfModelStore::with_tokenizer(Some(self.tokenizer_path.clone()));
+        let mut observer = Bar::new(self.settings.max_steps, self.quiet);
+        let summary = ember_training::train(model, &mut data, &store, &self.settings, &mut observer, &stop);
+        observer.bar.finish_and_clear();
+        Ok(summary?)
+    }
+}
+
+/// The indicatif progress bar: step, loss, lr, tokens/s and ETA; validation and notices printed above it.
+struct Bar {
+    bar: ProgressBar,
+    quiet: bool,
+}
+
+impl Bar {
+    fn new(max_steps: usize, quiet: bool) -> Self {
+        let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(max_steps as u64) };
+        let style = ProgressStyle::with_template("{bar:30} step {pos}/{len} {msg} ETA {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style);
+        Bar { bar, quiet }
+    }
+}
+
+impl Observer for Bar {
+    fn on_step(&mut self, r: &StepReport) {
+        self.bar.set_position(r.step as u64);
+        self.bar.set_message(format!("loss {:.4} lr {:.2e} {:.0} tok/s", r.loss, r.lr, r.tokens_per_sec));
+    }
+
+    fn on_eval(&mut self, r: &MetricsRecord) {
+        if !self.quiet {
+            self.bar.println(format!(
+                "step {}: val loss {:.4}, {:.4} bits/byte, perplexity {:.2}",
+                r.step,
+                r.val_loss.unwrap_or(f64::NAN),
+                r.val_bpb.unwrap_or(f64::NAN),
+                r.val_ppl.unwrap_or(f64::NAN)
+            ));
+        }
+    }
+
+    fn on_message(&mut self, message: &str) {
+        if !self.quiet {
+            self.bar.println(message);
+        }
+    }
+}

@@ -1,0 +1,473 @@
+//! Run configuration: a YAML file parsed into typed sections with defaults and validation.
+//!
+//! Every key has a default (see `configs/default.yaml`, which lists them all), so a config file only states what it
+//! changes. Unknown keys are errors, and every error names the file and the dotted key path.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::backend::BackendRequest;
+
+/// A whole run: what to train on, what to train, how, and how to sample from the result.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunConfig {
+    /// Run name; outputs go to `runs/<name>/` unless `--out` says otherwise.
+    pub name: String,
+    /// Backend for this run (the `--backend` flag overrides it).
+    pub backend: Option<BackendRequest>,
+    /// Seed for weight initialisation, batch sampling and dropout.
+    pub seed: u64,
+    /// Corpus and split.
+    pub data: DataConfig,
+    /// Tokenizer to train or reuse.
+    pub tokenizer: TokenizerConfig,
+    /// Model shape.
+    pub model: ModelConfig,
+    /// Optimisation and schedule.
+    pub training: TrainingConfig,
+    /// Sampling settings for the samples printed during and after training.
+    pub sampling: SamplingConfig,
+}
+
+/// The corpus and how it is split.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// Text files, directories or JSONL files to train on (relative paths are relative to the config file).
+    pub inputs: Vec<PathBuf>,
+    /// JSONL field holding the document text.
+    pub text_field: String,
+    /// Fraction of the corpus held out for validation, in (0, 1).
+    pub val_fraction: f64,
+    /// Where prepared shards are cached (relative to the config file's directory).
+    pub cache_dir: PathBuf,
+}
+
+/// The tokenizer: an existing file, or one trained on the corpus and cached.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TokenizerConfig {
+    /// An existing tokenizer.json; when absent a byte-level BPE is trained on `data.inputs`.
+    pub path: Option<PathBuf>,
+    /// Vocabulary size of a trained tokenizer (including special tokens).
+    pub vocab_size: usize,
+    /// Special tokens of a trained tokenizer; the first is the end-of-document token.
+    pub special_tokens: Vec<String>,
+}
+
+/// Model shape of a model trained from scratch (a LLaMA-style decoder: RMSNorm, RoPE, SwiGLU, GQA).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Width of the residual stream.
+    pub hidden_size: usize,
+    /// Number of transformer blocks.
+    pub num_layers: usize,
+    /// Query heads per layer.
+    pub num_heads: usize,
+    /// Key/value heads per layer (grouped-query attention); must divide `num_heads`.
+    pub num_kv_heads: usize,
+    /// Width of the gated MLP.
+    pub intermediate_size: usize,
+    /// Context length in tokens.
+    pub block_size: usize,
+    /// RoPE base frequency.
+    pub rope_theta: f64,
+    /// RMSNorm epsilon.
+    pub norm_eps: f64,
+    /// Share the token embedding with the output projection.
+    pub tie_embeddings: bool,
+    /// Attention kernel: manual, fused or flash.
+    pub attention: String,
+}
+
+/// Optimiser, schedule and loop settings.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainingConfig {
+    /// Sequences per micro-batch.
+    pub batch_size: usize,
+    /// Micro-batches accumulated into one optimiser step.
+    pub grad_accum_steps: usize,
+    /// Optimiser steps to run.
+    pub max_steps: usize,
+    /// Stop after this many minutes of wall time, whatever the step.
+    pub time_limit_min: Option<f64>,
+    /// Peak learning rate.
+    pub learning_rate: f64,
+    /// Learning rate at the end of the cosine decay.
+    pub min_learning_rate: f64,
+    /// Linear warm-up steps.
+    pub warmup_steps: usize,
+    /// AdamW decoupled weight decay (not applied to norms, biases and embeddings).
+    pub weight_decay: f64,
+    /// AdamW beta1.
+    pub beta1: f64,
+    /// AdamW beta2.
+    pub beta2: f64,
+    /// AdamW epsilon.
+    pub eps: f64,
+    /// Global gradient-norm clip (0 disables clipping).
+    pub grad_clip: f64,
+    /// Steps between log lines.
+    pub log_interval: usize,
+    /// Steps between validation passes.
+    pub eval_interval: usize,
+    /// Validation windows per validation pass.
+    pub eval_batches: usize,
+    /// Steps between checkpoints.
+    pub checkpoint_interval: usize,
+    /// Validation passes without improvement before stopping early (none: never stop early).
+    pub patience: Option<usize>,
+    /// Compute precision: f32, or bf16 with f32 master weights where the backend supports it.
+    pub precision: Precision,
+}
+
+/// Numeric precision of the forward and backward passes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// Everything in f32.
+    #[default]
+    F32,
+    /// bf16 compute with f32 master weights.
+    Bf16,
+}
+
+/// Sampling for the text shown during and after training.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SamplingConfig {
+    /// Prompt the samples start from.
+    pub prompt: String,
+    /// Tokens to generate per sample.
+    pub max_new_tokens: usize,
+    /// Softmax temperature (0 is greedy).
+    pub temperature: f64,
+    /// Keep only the k most likely tokens (0 disables).
+    pub top_k: usize,
+    /// Nucleus sampling threshold (1 disables).
+    pub top_p: f64,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            name: "run".into(),
+            backend: None,
+            seed: 1337,
+            data: DataConfig::default(),
+            tokenizer: TokenizerConfig::default(),
+            model: ModelConfig::default(),
+            training: TrainingConfig::default(),
+            sampling: SamplingConfig::default(),
+        }
+    }
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self { inputs: Vec::new(), text_field: "text".into(), val_fraction: 0.1, cache_dir: ".cache/data".into() }
+    }
+}
+
+impl Default for TokenizerConfig {
+    fn default() -> Self {
+        Self { path: None, vocab_size: 4096, special_tokens: vec!["<|endoftext|>".into()] }
+    }
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            hidden_size: 256,
+            num_layers: 4,
+            num_heads: 8,
+            num_kv_heads: 4,
+            intermediate_size: 688,
+            block_size: 256,
+            rope_theta: 10_000.0,
+            norm_eps: 1e-5,
+            tie_embeddings: true,
+            attention: "flash".into(),
+        }
+    }
+}
+
+impl Default for TrainingConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 16,
+            grad_accum_steps: 1,
+            max_steps: 2000,
+            time_limit_min: None,
+            learning_rate: 1e-3,
+            min_learning_rate: 1e-4,
+            warmup_steps: 100,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            grad_clip: 1.0,
+            log_interval: 10,
+            eval_interval: 250,
+            eval_batches: 20,
+            checkpoint_interval: 500,
+            patience: None,
+            precision: Precision::F32,
+        }
+    }
+}
+
+impl Default for SamplingConfig {
+    fn default() -> Self {
+        Self { prompt: "\n".into(), max_new_tokens: 200, temperature: 0.8, top_k: 50, top_p: 1.0 }
+    }
+}
+
+/// A config file that could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// The config file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The YAML is malformed, has an unknown key, or a value of the wrong type.
+    #[error("{path}: key `{key}`: {message}")]
+    Parse {
+        /// The config file.
+        path: PathBuf,
+        /// Dotted path of the offending key (`.` for the document itself).
+        key: String,
+        /// What serde_yaml reported, including line and column.
+        message: String,
+    },
+    /// A value parsed but is out of range or inconsistent with another.
+    #[error("{path}: key `{key}`: {message}")]
+    Invalid {
+        /// The config file.
+        path: PathBuf,
+        /// Dotted path of the offending key.
+        key: String,
+        /// What was expected.
+        message: String,
+    },
+}
+
+impl RunConfig {
+    /// Reads, parses and validates a config file. Relative paths inside it are resolved against its directory.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let mut config = Self::parse(&text, path)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        config.resolve_paths(base);
+        Ok(config)
+    }
+
+    /// Parses and validates YAML text; `path` only labels errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let deserializer = serde_yaml::Deserializer::from_str(text);
+        let config: RunConfig = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+            let key = e.path().to_string();
+            ConfigError::Parse { path: path.to_path_buf(), key, message: e.into_inner().to_string() }
+        })?;
+        config.validate(path)?;
+        Ok(config)
+    }
+
+    fn resolve_paths(&mut self, base: &Path) {
+        let resolve = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        self.data.inputs.iter_mut().for_each(resolve);
+        resolve(&mut self.data.cache_dir);
+        if let Some(p) = self.tokenizer.path.as_mut() {
+            resolve(p);
+        }
+    }
+
+    /// Checks ranges and cross-key consistency.
+    pub fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            key: key.to_string(),
+            message,
+        };
+        let positive = [
+            ("model.hidden_size", self.model.hidden_size),
+            ("model.num_layers", self.model.num_layers),
+            ("model.num_heads", self.model.num_heads),
+            ("model.num_kv_heads", self.model.num_kv_heads),
+            ("model.intermediate_size", self.model.intermediate_size),
+            ("model.block_size", self.model.block_size),
+            ("training.batch_size", self.training.batch_size),
+            ("training.grad_accum_steps", self.training.grad_accum_steps),
+            ("training.max_steps", self.training.max_steps),
+            ("training.log_interval", self.training.log_interval),
+            ("training.eval_interval", self.training.eval_interval),
+            ("training.eval_batches", self.training.eval_batches),
+            ("training.checkpoint_interval", self.training.checkpoint_interval),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err(invalid(key, "expected a positive integer, found 0".into()));
+            }
+        }
+        let m = &self.model;
+        if m.hidden_size % m.num_heads != 0 {
+            return Err(invalid(
+                "model.num_heads",
+                format!("must divide model.hidden_size ({}), found {}", m.hidden_size, m.num_heads),
+            ));
+        }
+        if m.num_heads % m.num_kv_heads != 0 {
+            return Err(invalid(
+                "model.num_kv_heads",
+                format!("must divide model.num_heads ({}), found {}", m.num_heads, m.num_kv_heads),
+            ));
+        }
+        if !["manual", "fused", "flash"].contains(&m.attention.as_str()) {
+            return Err(invalid("model.attention", format!("expected manual, fused or flash, found `{}`", m.attention)));
+        }
+        if !(self.data.val_fraction > 0.0 && self.data.val_fraction < 1.0) {
+            return Err(invalid("data.val_fraction", format!("expected a value in (0, 1), found {}", self.data.val_fraction)));
+        }
+        let t = &self.training;
+        for (key, value) in [("training.learning_rate", t.learning_rate), ("training.eps", t.eps)] {
+            if !(value > 0.0 && value.is_finite()) {
+                return Err(invalid(key, format!("expected a positive number, found {value}")));
+            }
+        }
+        if !(0.0..=t.learning_rate).contains(&t.min_learning_rate) {
+            return Err(invalid(
+                "training.min_learning_rate",
+                format!("expected 0 <= min_learning_rate <= learning_rate ({}), found {}", t.learning_rate, t.min_learning_rate),
+            ));
+        }
+        for (key, value) in [("training.beta1", t.beta1), ("training.beta2", t.beta2)] {
+            if !(0.0..1.0).contains(&value) {
+                return Err(invalid(key, format!("expected a value in [0, 1), found {value}")));
+            }
+        }
+        if t.weight_decay < 0.0 || t.grad_clip < 0.0 {
+            return Err(invalid("training.weight_decay", "weight_decay and grad_clip must be >= 0".into()));
+        }
+        if t.warmup_steps > t.max_steps {
+            return Err(invalid(
+                "training.warmup_steps",
+                format!("expected at most training.max_steps ({}), found {}", t.max_steps, t.warmup_steps),
+            ));
+        }
+        if let Some(minutes) = t.time_limit_min
+            && !(minutes > 0.0)
+        {
+            return Err(invalid("training.time_limit_min", format!("expected a positive number, found {minutes}")));
+        }
+        if self.tokenizer.path.is_none() {
+            if self.tokenizer.vocab_size < 256 + self.tokenizer.special_tokens.len() {
+                return Err(invalid(
+                    "tokenizer.vocab_size",
+                    format!(
+                        "a byte-level BPE needs at least 256 + {} special tokens, found {}",
+                        self.tokenizer.special_tokens.len(),
+                        self.tokenizer.vocab_size
+                    ),
+                ));
+            }
+            if self.tokenizer.special_tokens.is_empty() {
+                return Err(invalid("tokenizer.special_tokens", "expected at least an end-of-document token".into()));
+            }
+        }
+        let s = &self.sampling;
+        if s.temperature < 0.0 || !(s.top_p > 0.0 && s.top_p <= 1.0) {
+            return Err(invalid("sampling", "expected temperature >= 0 and top_p in (0, 1]".into()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<RunConfig, ConfigError> {
+        RunConfig::parse(text, Path::new("test.yaml"))
+    }
+
+    #[test]
+    fn shipped_configs_parse_and_default_yaml_equals_the_built_in_defaults() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let default = RunConfig::load(&root.join("configs/default.yaml")).unwrap();
+        let mut builtin = RunConfig::default();
+        builtin.resolve_paths(&root.join("configs"));
+        assert_eq!(default, builtin, "configs/default.yaml must list the built-in defaults");
+        let shakespeare = RunConfig::load(&root.join("configs/tinyshakespeare.yaml")).unwrap();
+        assert_eq!(shakespeare.name, "tinyshakespeare");
+        assert!(shakespeare.data.inputs[0].ends_with("data/tinyshakespeare.txt"));
+        assert!(shakespeare.data.inputs[0].exists(), "the corpus ships in the repo");
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_naming_the_key_and_file() {
+        let err = parse("training:\n  learning_rat: 0.1\n").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("test.yaml"), "{msg}");
+        assert!(msg.contains("learning_rat"), "{msg}");
+        assert!(msg.contains("training"), "{msg}");
+    }
+
+    #[test]
+    fn wrong_type_names_the_dotted_key() {
+        let err = parse("model:\n  num_layers: many\n").unwrap_err();
+        match err {
+            ConfigError::Parse { key, .. } => assert_eq!(key, "model.num_layers"),
+            other => panic!("expected a parse error, got {other}"),
+        }
+    }
+
+    #[test]
+    fn omitted_keys_take_defaults() {
+        let config = parse("name: x\ntraining:\n  max_steps: 700\n").unwrap();
+        assert_eq!(config.training.max_steps, 700);
+        assert_eq!(config.training.batch_size, TrainingConfig::default().batch_size);
+        assert_eq!(config.model, ModelConfig::default());
+    }
+
+    #[test]
+    fn inconsistent_heads_are_rejected_with_the_key() {
+        let err = parse("model:\n  num_heads: 8\n  num_kv_heads: 3\n").unwrap_err();
+        assert!(matches!(&err, ConfigError::Invalid { key, .. } if key == "model.num_kv_heads"), "{err}");
+        let err = parse("model:\n  hidden_size: 100\n  num_heads: 8\n").unwrap_err();
+        assert!(matches!(&err, ConfigError::Invalid { key, .. } if key == "model.num_heads"), "{err}");
+    }
+
+    #[test]
+    fn out_of_range_values_are_rejected() {
+        for (yaml, key) in [
+            ("data:\n  val_fraction: 1.5\n", "data.val_fraction"),
+            ("training:\n  learning_rate: 0\n", "training.learning_rate"),
+            ("training:\n  beta2: 1.0\n", "training.beta2"),
+            ("training:\n  max_steps: 10\n  warmup_steps: 20\n", "training.warmup_steps"),
+            ("model:\n  attention: sparse\n", "model.attention"),
+            ("tokenizer:\n  vocab_size: 100\n", "tokenizer.vocab_size"),
+        ] {
+            let err = parse(yaml).unwrap_err();
+            assert!(matches!(&err, ConfigError::Invalid { key: k, .. } if k == key), "{yaml}: {err}");
+        }
+    }
+
+    #[test]
+    fn backend_key_accepts_the_cli_names() {
+        assert_eq!(parse("backend: wgpu\n").unwrap().backend, Some(BackendRequest::Wgpu));
+        assert!(parse("backend: tpu\n").is_err());
+    }
+}

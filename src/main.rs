@@ -1,0 +1,30 @@
+//! The `ember` command line: train, run, inspect and benchmark decoder-only language models.
+
+mod backend;
+mod cli;
+mod commands;
+mod config;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+pub use cli::Context;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let ctx = cli.context();
+    if let Some(threads) = cli.threads
+        && let Err(e) = rayon::ThreadPoolBuilder::new().num_threads(threads).build_global()
+    {
+        eprintln!("error: --threads {threads}: {e}");
+        return ExitCode::from(2);
+    }
+    match commands::run(cli.command, &ctx) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

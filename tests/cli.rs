@@ -1,0 +1,87 @@
+//! End-to-end checks of the command line itself: help texts, backend selection errors and config errors, run
+//! against the built `ember` binary.
+
+use std::process::{Command, Output};
+
+fn ember(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(args)
+        .env_remove("EMBER_BACKEND")
+        .output()
+        .expect("the ember binary runs")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+const SUBCOMMANDS: [&str; 9] =
+    ["train", "generate", "bench", "tokenize", "train-tokenizer", "prepare", "logits", "info", "plot"];
+
+#[test]
+fn top_level_help_lists_every_subcommand_and_global_flag() {
+    let out = ember(&["--help"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for sub in SUBCOMMANDS {
+        assert!(text.contains(sub), "`ember --help` does not mention {sub}:\n{text}");
+    }
+    for flag in ["--backend", "--quiet", "--threads"] {
+        assert!(text.contains(flag), "`ember --help` does not mention {flag}:\n{text}");
+    }
+}
+
+#[test]
+fn every_subcommand_has_help() {
+    for sub in SUBCOMMANDS {
+        let out = ember(&[sub, "--help"]);
+        assert!(out.status.success(), "ember {sub} --help failed: {}", stderr(&out));
+        assert!(stdout(&out).contains("Usage: ember"), "ember {sub} --help printed no usage");
+    }
+}
+
+#[test]
+fn a_backend_that_is_not_compiled_in_is_an_error_naming_the_feature() {
+    if cfg!(feature = "cuda") {
+        eprintln!("skipping: this build has the cuda feature");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.json");
+    std::fs::write(&config, "{}").unwrap();
+    let out = ember(&["--backend", "cuda", "info", "--model", config.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("--features cuda"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn an_unknown_backend_name_is_rejected_by_the_parser() {
+    let out = ember(&["--backend", "tpu", "info", "--model", "x"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("possible values"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_config_with_an_unknown_key_names_the_file_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.yaml");
+    std::fs::write(&config, "name: x\ntraining:\n  learning_rat: 0.1\n").unwrap();
+    let out = ember(&["train", "--config", config.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("bad.yaml") && err.contains("learning_rat"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn a_missing_config_file_is_an_error_naming_it() {
+    let out = ember(&["train", "--config", "/nonexistent/run.yaml"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("/nonexistent/run.yaml"), "{}", stderr(&out));
+}

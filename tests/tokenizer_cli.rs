@@ -1,0 +1,120 @@
+//! `ember tokenize` and `ember train-tokenizer` end to end.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("crates/tokenizer/tests/fixtures")
+        .join(name)
+}
+
+fn ember(args: &[&str], stdin: &[u8]) -> std::process::Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn tokenize_prints_hf_reference_ids_and_decodes_them_back_byte_for_byte() {
+    let tok = fixture("qwen2_style.tokenizer.json");
+    let fx: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("qwen2_style.ids.json")).unwrap())
+            .unwrap();
+    // The third hard string has a trailing "\n\n": stdin must not be trimmed.
+    let text = fx["strings"][2].as_str().unwrap();
+    let out = ember(
+        &["tokenize", "--tokenizer", tok.to_str().unwrap()],
+        text.as_bytes(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ids: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(ids, fx["ids"][2]);
+
+    let out = ember(
+        &[
+            "tokenize",
+            "--tokenizer",
+            tok.to_str().unwrap(),
+            "--format",
+            "ids",
+        ],
+        text.as_bytes(),
+    );
+    let spaced = String::from_utf8(out.stdout).unwrap();
+    let back = ember(
+        &["tokenize", "--tokenizer", tok.to_str().unwrap(), "--decode"],
+        spaced.as_bytes(),
+    );
+    assert!(back.status.success());
+    assert_eq!(back.stdout, text.as_bytes());
+}
+
+#[test]
+fn tokenize_reports_a_malformed_tokenizer_file_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("tokenizer.json");
+    std::fs::write(
+        &bad,
+        r#"{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}}"#,
+    )
+    .unwrap();
+    let out = ember(&["tokenize", "--tokenizer", bad.to_str().unwrap()], b"a");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("tokenizer.json") && err.contains("\"b\" is not in the vocabulary"),
+        "{err}"
+    );
+}
+
+#[test]
+fn train_tokenizer_writes_a_tokenizer_that_tokenize_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("corpus.txt");
+    std::fs::write(
+        &input,
+        "to be or not to be, that is the question\n".repeat(20),
+    )
+    .unwrap();
+    let out_dir = dir.path().join("tok");
+    let out = ember(
+        &[
+            "train-tokenizer",
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            out_dir.to_str().unwrap(),
+            "--vocab-size",
+            "280",
+            "--special-tokens",
+            "<|endoftext|>",
+            "--quiet",
+        ],
+        b"",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let enc = ember(
+        &["tokenize", "--tokenizer", out_dir.to_str().unwrap()],
+        b"to be<|endoftext|>",
+    );
+    let ids: Vec<u32> = serde_json::from_slice(&enc.stdout).unwrap();
+    // "to be" is frequent enough to be merged into few tokens; the special token is id 0.
+    assert_eq!(ids.last(), Some(&0));
+    assert!(ids.len() <= 3, "{ids:?}");
+}
