@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The test command of the README: installs what the tests need, fetches the assets the oracle tests compare
-# against, then runs every test of the workspace, with the wgpu backend compiled in so its tests run on
-# software Vulkan (lavapipe) when no GPU is present.
+# against (GPT-2 tiktoken ranks, SmolLM2-135M GGUF), then runs every test of the workspace.
 #
 # Usage: bash scripts/test.sh [extra cargo test args]
+# The GPU code path on software Vulkan: bash scripts/test.sh --features ember/wgpu --test wgpu_backend
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/ember/target}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/ember-target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 # lavapipe's loader wants a writable runtime dir; without one it prints a warning on every start.
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp/ember-xdg-$(id -u)}"
@@ -16,4 +16,4 @@ mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
 bash scripts/install_deps.sh
 bash scripts/fetch_assets.sh
 
-cargo test --workspace --features ember/wgpu "$@"
+cargo test --workspace "$@"

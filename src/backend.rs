@@ -41,7 +41,8 @@ pub enum BackendKind {
 
 impl BackendKind {
     /// The order `auto` tries backends in: fastest first.
-    pub const AUTO_ORDER: [BackendKind; 3] = [BackendKind::Cuda, BackendKind::Wgpu, BackendKind::Flex];
+    pub const AUTO_ORDER: [BackendKind; 3] =
+        [BackendKind::Cuda, BackendKind::Wgpu, BackendKind::Flex];
 
     /// The cargo feature of the `ember` package that compiles this backend in.
     pub fn feature(self) -> &'static str {
@@ -108,6 +109,7 @@ pub enum DeviceClass {
     /// Real hardware: a GPU, or the host CPU for the CPU backends.
     Hardware,
     /// A GPU API emulated on the CPU (lavapipe, llvmpipe): correct but slower than the CPU backends.
+    #[cfg_attr(not(feature = "wgpu"), allow(dead_code))]
     Software,
 }
 
@@ -133,7 +135,11 @@ impl Selection {
     pub fn describe(&self) -> String {
         let mut line = format!("ember: using backend {}", self.kind);
         if !self.skipped.is_empty() {
-            let reasons: Vec<String> = self.skipped.iter().map(|(k, why)| format!("{k}: {why}")).collect();
+            let reasons: Vec<String> = self
+                .skipped
+                .iter()
+                .map(|(k, why)| format!("{k}: {why}"))
+                .collect();
             line.push_str(&format!(" (skipped {})", reasons.join("; ")));
         }
         line
@@ -151,27 +157,42 @@ pub fn select(request: BackendRequest, probe: &dyn Probe) -> Result<Selection, B
     };
     if let Some(kind) = explicit {
         if !probe.compiled_in(kind) {
-            return Err(BackendError::NotCompiled { kind, feature: kind.feature() });
+            return Err(BackendError::NotCompiled {
+                kind,
+                feature: kind.feature(),
+            });
         }
-        probe.initialise(kind).map_err(|reason| BackendError::InitFailed { kind, reason })?;
-        return Ok(Selection { kind, skipped: Vec::new() });
+        probe
+            .initialise(kind)
+            .map_err(|reason| BackendError::InitFailed { kind, reason })?;
+        return Ok(Selection {
+            kind,
+            skipped: Vec::new(),
+        });
     }
     let mut skipped = Vec::new();
     for kind in BackendKind::AUTO_ORDER {
         if !probe.compiled_in(kind) {
-            skipped.push((kind, format!("not compiled in (feature `{}`)", kind.feature())));
+            skipped.push((
+                kind,
+                format!("not compiled in (feature `{}`)", kind.feature()),
+            ));
             continue;
         }
         match probe.initialise(kind) {
             Ok(DeviceClass::Hardware) => return Ok(Selection { kind, skipped }),
             // A software-emulated GPU is only used when asked for by name: cpu is faster on the same cores.
-            Ok(DeviceClass::Software) => {
-                skipped.push((kind, "only a software-emulated adapter (use --backend wgpu to force it)".into()))
-            }
+            Ok(DeviceClass::Software) => skipped.push((
+                kind,
+                "only a software-emulated adapter (use --backend wgpu to force it)".into(),
+            )),
             Err(reason) => skipped.push((kind, reason)),
         }
     }
-    let reasons: Vec<String> = skipped.iter().map(|(k, why)| format!("{k}: {why}")).collect();
+    let reasons: Vec<String> = skipped
+        .iter()
+        .map(|(k, why)| format!("{k}: {why}"))
+        .collect();
     Err(BackendError::NoneUsable(reasons.join("; ")))
 }
 
@@ -185,7 +206,9 @@ impl Probe for SystemProbe {
 
     fn initialise(&self, kind: BackendKind) -> Result<DeviceClass, String> {
         match kind {
-            BackendKind::Flex => smoke::<burn::backend::Flex>(Default::default()).map(|()| DeviceClass::Hardware),
+            BackendKind::Flex => {
+                smoke::<burn::backend::Flex>(Default::default()).map(|()| DeviceClass::Hardware)
+            }
             #[cfg(feature = "ndarray")]
             BackendKind::NdArray => {
                 smoke::<burn::backend::NdArray>(Default::default()).map(|()| DeviceClass::Hardware)
@@ -193,7 +216,9 @@ impl Probe for SystemProbe {
             #[cfg(feature = "wgpu")]
             BackendKind::Wgpu => wgpu_device_class(),
             #[cfg(feature = "cuda")]
-            BackendKind::Cuda => smoke::<burn::backend::Cuda>(Default::default()).map(|()| DeviceClass::Hardware),
+            BackendKind::Cuda => {
+                smoke::<burn::backend::Cuda>(Default::default()).map(|()| DeviceClass::Hardware)
+            }
             #[allow(unreachable_patterns)]
             other => Err(format!("not compiled in (feature `{}`)", other.feature())),
         }
@@ -211,7 +236,11 @@ fn wgpu_device_class() -> Result<DeviceClass, String> {
         format!("{:?}", setup.adapter.get_info().device_type)
     })?;
     smoke::<burn::backend::Wgpu>(device)?;
-    Ok(if adapter_type == "Cpu" { DeviceClass::Software } else { DeviceClass::Hardware })
+    Ok(if adapter_type == "Cpu" {
+        DeviceClass::Software
+    } else {
+        DeviceClass::Hardware
+    })
 }
 
 /// Runs `[1, 2, 3].sum()` on the device and checks the answer.
@@ -221,7 +250,11 @@ fn smoke<B: Backend>(device: B::Device) -> Result<(), String> {
         let t = burn::tensor::Tensor::<B, 1>::from_floats([1.0, 2.0, 3.0], &device);
         t.sum().into_scalar().elem::<f32>()
     })?;
-    if (sum - 6.0).abs() < 1e-6 { Ok(()) } else { Err(format!("smoke test computed 1+2+3 = {sum}")) }
+    if (sum - 6.0).abs() < 1e-6 {
+        Ok(())
+    } else {
+        Err(format!("smoke test computed 1+2+3 = {sum}"))
+    }
 }
 
 /// Runs `f`, turning a panic into an error. GPU runtimes report a missing driver or adapter by panicking, so the
@@ -251,7 +284,11 @@ pub trait BackendJob {
 }
 
 /// Selects the backend for `request`, reports the choice on stderr (unless `quiet`), and runs `job` on it.
-pub fn dispatch<J: BackendJob>(request: BackendRequest, quiet: bool, job: J) -> Result<J::Output, BackendError> {
+pub fn dispatch<J: BackendJob>(
+    request: BackendRequest,
+    quiet: bool,
+    job: J,
+) -> Result<J::Output, BackendError> {
     let selection = select(request, &SystemProbe)?;
     if !quiet {
         eprintln!("{}", selection.describe());
@@ -299,7 +336,12 @@ mod tests {
 
     fn all_compiled(failing: Vec<(BackendKind, &'static str)>) -> FakeProbe {
         FakeProbe {
-            compiled: vec![BackendKind::Cuda, BackendKind::Wgpu, BackendKind::Flex, BackendKind::NdArray],
+            compiled: vec![
+                BackendKind::Cuda,
+                BackendKind::Wgpu,
+                BackendKind::Flex,
+                BackendKind::NdArray,
+            ],
             failing,
             software: vec![],
         }
@@ -317,18 +359,32 @@ mod tests {
         let probe = all_compiled(vec![(BackendKind::Cuda, "no CUDA driver")]);
         let s = select(BackendRequest::Auto, &probe).unwrap();
         assert_eq!(s.kind, BackendKind::Wgpu);
-        assert_eq!(s.skipped, vec![(BackendKind::Cuda, "no CUDA driver".to_string())]);
+        assert_eq!(
+            s.skipped,
+            vec![(BackendKind::Cuda, "no CUDA driver".to_string())]
+        );
 
-        let probe = all_compiled(vec![(BackendKind::Cuda, "no CUDA driver"), (BackendKind::Wgpu, "no adapter")]);
+        let probe = all_compiled(vec![
+            (BackendKind::Cuda, "no CUDA driver"),
+            (BackendKind::Wgpu, "no adapter"),
+        ]);
         let s = select(BackendRequest::Auto, &probe).unwrap();
         assert_eq!(s.kind, BackendKind::Flex);
         assert_eq!(s.skipped.len(), 2);
-        assert!(s.describe().contains("wgpu: no adapter"), "{}", s.describe());
+        assert!(
+            s.describe().contains("wgpu: no adapter"),
+            "{}",
+            s.describe()
+        );
     }
 
     #[test]
     fn auto_skips_backends_not_compiled_in_and_never_picks_ndarray() {
-        let probe = FakeProbe { compiled: vec![BackendKind::Flex, BackendKind::NdArray], failing: vec![], software: vec![] };
+        let probe = FakeProbe {
+            compiled: vec![BackendKind::Flex, BackendKind::NdArray],
+            failing: vec![],
+            software: vec![],
+        };
         let s = select(BackendRequest::Auto, &probe).unwrap();
         assert_eq!(s.kind, BackendKind::Flex);
         assert!(s.skipped[0].1.contains("feature `cuda`"));
@@ -337,9 +393,19 @@ mod tests {
 
     #[test]
     fn explicit_backend_not_compiled_in_names_the_feature() {
-        let probe = FakeProbe { compiled: vec![BackendKind::Flex], failing: vec![], software: vec![] };
+        let probe = FakeProbe {
+            compiled: vec![BackendKind::Flex],
+            failing: vec![],
+            software: vec![],
+        };
         let err = select(BackendRequest::Cuda, &probe).unwrap_err();
-        assert_eq!(err, BackendError::NotCompiled { kind: BackendKind::Cuda, feature: "cuda" });
+        assert_eq!(
+            err,
+            BackendError::NotCompiled {
+                kind: BackendKind::Cuda,
+                feature: "cuda"
+            }
+        );
         assert!(err.to_string().contains("--features cuda"), "{err}");
     }
 
@@ -347,16 +413,29 @@ mod tests {
     fn explicit_backend_that_fails_to_initialise_is_an_error_not_a_fallback() {
         let probe = all_compiled(vec![(BackendKind::Wgpu, "no Vulkan adapter")]);
         let err = select(BackendRequest::Wgpu, &probe).unwrap_err();
-        assert!(matches!(err, BackendError::InitFailed { kind: BackendKind::Wgpu, .. }));
+        assert!(matches!(
+            err,
+            BackendError::InitFailed {
+                kind: BackendKind::Wgpu,
+                ..
+            }
+        ));
         assert!(err.to_string().contains("no Vulkan adapter"));
     }
 
     #[test]
     fn auto_with_nothing_usable_lists_every_reason() {
-        let probe = FakeProbe { compiled: vec![BackendKind::Flex], failing: vec![(BackendKind::Flex, "broken")], software: vec![] };
+        let probe = FakeProbe {
+            compiled: vec![BackendKind::Flex],
+            failing: vec![(BackendKind::Flex, "broken")],
+            software: vec![],
+        };
         let err = select(BackendRequest::Auto, &probe).unwrap_err();
         let msg = err.to_string();
-        assert!(msg.contains("cuda") && msg.contains("wgpu") && msg.contains("broken"), "{msg}");
+        assert!(
+            msg.contains("cuda") && msg.contains("wgpu") && msg.contains("broken"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -369,14 +448,21 @@ mod tests {
         let s = select(BackendRequest::Auto, &probe).unwrap();
         assert_eq!(s.kind, BackendKind::Flex);
         assert!(s.skipped[1].1.contains("software"), "{:?}", s.skipped);
-        assert_eq!(select(BackendRequest::Wgpu, &probe).unwrap().kind, BackendKind::Wgpu);
+        assert_eq!(
+            select(BackendRequest::Wgpu, &probe).unwrap().kind,
+            BackendKind::Wgpu
+        );
     }
 
     /// On a CPU-only machine (this project's CI) auto must land on the CPU backend, whatever else is compiled in.
     #[test]
     fn auto_picks_cpu_on_a_machine_without_a_gpu() {
-        if std::path::Path::new("/dev/nvidia0").exists() || std::path::Path::new("/dev/dri/renderD128").exists() {
-            eprintln!("skipping: this machine has a GPU device node, so auto may rightly choose it");
+        if std::path::Path::new("/dev/nvidia0").exists()
+            || std::path::Path::new("/dev/dri/renderD128").exists()
+        {
+            eprintln!(
+                "skipping: this machine has a GPU device node, so auto may rightly choose it"
+            );
             return;
         }
         let s = select(BackendRequest::Auto, &SystemProbe).unwrap();

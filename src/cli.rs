@@ -49,14 +49,21 @@ impl Context {
         from_config: Option<BackendRequest>,
         job: J,
     ) -> anyhow::Result<J::Output> {
-        Ok(crate::backend::dispatch(self.backend_or(from_config), self.quiet, job)?)
+        Ok(crate::backend::dispatch(
+            self.backend_or(from_config),
+            self.quiet,
+            job,
+        )?)
     }
 }
 
 impl Cli {
     /// The settings shared by all subcommands.
     pub fn context(&self) -> Context {
-        Context { backend: self.backend, quiet: self.quiet }
+        Context {
+            backend: self.backend,
+            quiet: self.quiet,
+        }
     }
 }
 
@@ -81,7 +88,11 @@ mod tests {
                 assert!(arg.get_help().is_some(), "{path} --{id} has no help text");
             }
             for sub in cmd.get_subcommands() {
-                assert!(sub.get_about().is_some(), "{path} {} has no description", sub.get_name());
+                assert!(
+                    sub.get_about().is_some(),
+                    "{path} {} has no description",
+                    sub.get_name()
+                );
                 check(sub, &format!("{path} {}", sub.get_name()));
             }
         }
@@ -97,9 +108,12 @@ mod tests {
             ("cpu", BackendRequest::Cpu),
             ("ndarray", BackendRequest::Ndarray),
         ] {
-            let cli = Cli::try_parse_from(["ember", "--backend", flag, "info", "--model", "m"]).unwrap();
+            let cli =
+                Cli::try_parse_from(["ember", "--backend", flag, "info", "--model", "m"]).unwrap();
             assert_eq!(cli.backend, Some(want));
         }
-        assert!(Cli::try_parse_from(["ember", "--backend", "tpu", "info", "--model", "m"]).is_err());
+        assert!(
+            Cli::try_parse_from(["ember", "--backend", "tpu", "info", "--model", "m"]).is_err()
+        );
     }
 }

@@ -169,13 +169,22 @@ impl Default for RunConfig {
 
 impl Default for DataConfig {
     fn default() -> Self {
-        Self { inputs: Vec::new(), text_field: "text".into(), val_fraction: 0.1, cache_dir: ".cache/data".into() }
+        Self {
+            inputs: Vec::new(),
+            text_field: "text".into(),
+            val_fraction: 0.1,
+            cache_dir: ".cache/data".into(),
+        }
     }
 }
 
 impl Default for TokenizerConfig {
     fn default() -> Self {
-        Self { path: None, vocab_size: 4096, special_tokens: vec!["<|endoftext|>".into()] }
+        Self {
+            path: None,
+            vocab_size: 4096,
+            special_tokens: vec!["<|endoftext|>".into()],
+        }
     }
 }
 
@@ -223,7 +232,13 @@ impl Default for TrainingConfig {
 
 impl Default for SamplingConfig {
     fn default() -> Self {
-        Self { prompt: "\n".into(), max_new_tokens: 200, temperature: 0.8, top_k: 50, top_p: 1.0 }
+        Self {
+            prompt: "\n".into(),
+            max_new_tokens: 200,
+            temperature: 0.8,
+            top_k: 50,
+            top_p: 1.0,
+        }
     }
 }
 
@@ -263,8 +278,10 @@ pub enum ConfigError {
 impl RunConfig {
     /// Reads, parses and validates a config file. Relative paths inside it are resolved against its directory.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let mut config = Self::parse(&text, path)?;
         let base = path.parent().unwrap_or(Path::new("."));
         config.resolve_paths(base);
@@ -276,7 +293,11 @@ impl RunConfig {
         let deserializer = serde_yaml::Deserializer::from_str(text);
         let config: RunConfig = serde_path_to_error::deserialize(deserializer).map_err(|e| {
             let key = e.path().to_string();
-            ConfigError::Parse { path: path.to_path_buf(), key, message: e.into_inner().to_string() }
+            ConfigError::Parse {
+                path: path.to_path_buf(),
+                key,
+                message: e.into_inner().to_string(),
+            }
         })?;
         config.validate(path)?;
         Ok(config)
@@ -315,7 +336,10 @@ impl RunConfig {
             ("training.log_interval", self.training.log_interval),
             ("training.eval_interval", self.training.eval_interval),
             ("training.eval_batches", self.training.eval_batches),
-            ("training.checkpoint_interval", self.training.checkpoint_interval),
+            (
+                "training.checkpoint_interval",
+                self.training.checkpoint_interval,
+            ),
         ];
         for (key, value) in positive {
             if value == 0 {
@@ -326,51 +350,87 @@ impl RunConfig {
         if m.hidden_size % m.num_heads != 0 {
             return Err(invalid(
                 "model.num_heads",
-                format!("must divide model.hidden_size ({}), found {}", m.hidden_size, m.num_heads),
+                format!(
+                    "must divide model.hidden_size ({}), found {}",
+                    m.hidden_size, m.num_heads
+                ),
             ));
         }
         if m.num_heads % m.num_kv_heads != 0 {
             return Err(invalid(
                 "model.num_kv_heads",
-                format!("must divide model.num_heads ({}), found {}", m.num_heads, m.num_kv_heads),
+                format!(
+                    "must divide model.num_heads ({}), found {}",
+                    m.num_heads, m.num_kv_heads
+                ),
             ));
         }
         if !["manual", "fused", "flash"].contains(&m.attention.as_str()) {
-            return Err(invalid("model.attention", format!("expected manual, fused or flash, found `{}`", m.attention)));
+            return Err(invalid(
+                "model.attention",
+                format!("expected manual, fused or flash, found `{}`", m.attention),
+            ));
         }
         if !(self.data.val_fraction > 0.0 && self.data.val_fraction < 1.0) {
-            return Err(invalid("data.val_fraction", format!("expected a value in (0, 1), found {}", self.data.val_fraction)));
+            return Err(invalid(
+                "data.val_fraction",
+                format!(
+                    "expected a value in (0, 1), found {}",
+                    self.data.val_fraction
+                ),
+            ));
         }
         let t = &self.training;
-        for (key, value) in [("training.learning_rate", t.learning_rate), ("training.eps", t.eps)] {
+        for (key, value) in [
+            ("training.learning_rate", t.learning_rate),
+            ("training.eps", t.eps),
+        ] {
             if !(value > 0.0 && value.is_finite()) {
-                return Err(invalid(key, format!("expected a positive number, found {value}")));
+                return Err(invalid(
+                    key,
+                    format!("expected a positive number, found {value}"),
+                ));
             }
         }
         if !(0.0..=t.learning_rate).contains(&t.min_learning_rate) {
             return Err(invalid(
                 "training.min_learning_rate",
-                format!("expected 0 <= min_learning_rate <= learning_rate ({}), found {}", t.learning_rate, t.min_learning_rate),
+                format!(
+                    "expected 0 <= min_learning_rate <= learning_rate ({}), found {}",
+                    t.learning_rate, t.min_learning_rate
+                ),
             ));
         }
         for (key, value) in [("training.beta1", t.beta1), ("training.beta2", t.beta2)] {
             if !(0.0..1.0).contains(&value) {
-                return Err(invalid(key, format!("expected a value in [0, 1), found {value}")));
+                return Err(invalid(
+                    key,
+                    format!("expected a value in [0, 1), found {value}"),
+                ));
             }
         }
         if t.weight_decay < 0.0 || t.grad_clip < 0.0 {
-            return Err(invalid("training.weight_decay", "weight_decay and grad_clip must be >= 0".into()));
+            return Err(invalid(
+                "training.weight_decay",
+                "weight_decay and grad_clip must be >= 0".into(),
+            ));
         }
         if t.warmup_steps > t.max_steps {
             return Err(invalid(
                 "training.warmup_steps",
-                format!("expected at most training.max_steps ({}), found {}", t.max_steps, t.warmup_steps),
+                format!(
+                    "expected at most training.max_steps ({}), found {}",
+                    t.max_steps, t.warmup_steps
+                ),
             ));
         }
         if let Some(minutes) = t.time_limit_min
             && !(minutes > 0.0)
         {
-            return Err(invalid("training.time_limit_min", format!("expected a positive number, found {minutes}")));
+            return Err(invalid(
+                "training.time_limit_min",
+                format!("expected a positive number, found {minutes}"),
+            ));
         }
         if self.tokenizer.path.is_none() {
             if self.tokenizer.vocab_size < 256 + self.tokenizer.special_tokens.len() {
@@ -384,12 +444,18 @@ impl RunConfig {
                 ));
             }
             if self.tokenizer.special_tokens.is_empty() {
-                return Err(invalid("tokenizer.special_tokens", "expected at least an end-of-document token".into()));
+                return Err(invalid(
+                    "tokenizer.special_tokens",
+                    "expected at least an end-of-document token".into(),
+                ));
             }
         }
         let s = &self.sampling;
         if s.temperature < 0.0 || !(s.top_p > 0.0 && s.top_p <= 1.0) {
-            return Err(invalid("sampling", "expected temperature >= 0 and top_p in (0, 1]".into()));
+            return Err(invalid(
+                "sampling",
+                "expected temperature >= 0 and top_p in (0, 1]".into(),
+            ));
         }
         Ok(())
     }
@@ -409,11 +475,17 @@ mod tests {
         let default = RunConfig::load(&root.join("configs/default.yaml")).unwrap();
         let mut builtin = RunConfig::default();
         builtin.resolve_paths(&root.join("configs"));
-        assert_eq!(default, builtin, "configs/default.yaml must list the built-in defaults");
+        assert_eq!(
+            default, builtin,
+            "configs/default.yaml must list the built-in defaults"
+        );
         let shakespeare = RunConfig::load(&root.join("configs/tinyshakespeare.yaml")).unwrap();
         assert_eq!(shakespeare.name, "tinyshakespeare");
         assert!(shakespeare.data.inputs[0].ends_with("data/tinyshakespeare.txt"));
-        assert!(shakespeare.data.inputs[0].exists(), "the corpus ships in the repo");
+        assert!(
+            shakespeare.data.inputs[0].exists(),
+            "the corpus ships in the repo"
+        );
     }
 
     #[test]
@@ -438,16 +510,25 @@ mod tests {
     fn omitted_keys_take_defaults() {
         let config = parse("name: x\ntraining:\n  max_steps: 700\n").unwrap();
         assert_eq!(config.training.max_steps, 700);
-        assert_eq!(config.training.batch_size, TrainingConfig::default().batch_size);
+        assert_eq!(
+            config.training.batch_size,
+            TrainingConfig::default().batch_size
+        );
         assert_eq!(config.model, ModelConfig::default());
     }
 
     #[test]
     fn inconsistent_heads_are_rejected_with_the_key() {
         let err = parse("model:\n  num_heads: 8\n  num_kv_heads: 3\n").unwrap_err();
-        assert!(matches!(&err, ConfigError::Invalid { key, .. } if key == "model.num_kv_heads"), "{err}");
+        assert!(
+            matches!(&err, ConfigError::Invalid { key, .. } if key == "model.num_kv_heads"),
+            "{err}"
+        );
         let err = parse("model:\n  hidden_size: 100\n  num_heads: 8\n").unwrap_err();
-        assert!(matches!(&err, ConfigError::Invalid { key, .. } if key == "model.num_heads"), "{err}");
+        assert!(
+            matches!(&err, ConfigError::Invalid { key, .. } if key == "model.num_heads"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -456,18 +537,27 @@ mod tests {
             ("data:\n  val_fraction: 1.5\n", "data.val_fraction"),
             ("training:\n  learning_rate: 0\n", "training.learning_rate"),
             ("training:\n  beta2: 1.0\n", "training.beta2"),
-            ("training:\n  max_steps: 10\n  warmup_steps: 20\n", "training.warmup_steps"),
+            (
+                "training:\n  max_steps: 10\n  warmup_steps: 20\n",
+                "training.warmup_steps",
+            ),
             ("model:\n  attention: sparse\n", "model.attention"),
             ("tokenizer:\n  vocab_size: 100\n", "tokenizer.vocab_size"),
         ] {
             let err = parse(yaml).unwrap_err();
-            assert!(matches!(&err, ConfigError::Invalid { key: k, .. } if k == key), "{yaml}: {err}");
+            assert!(
+                matches!(&err, ConfigError::Invalid { key: k, .. } if k == key),
+                "{yaml}: {err}"
+            );
         }
     }
 
     #[test]
     fn backend_key_accepts_the_cli_names() {
-        assert_eq!(parse("backend: wgpu\n").unwrap().backend, Some(BackendRequest::Wgpu));
+        assert_eq!(
+            parse("backend: wgpu\n").unwrap().backend,
+            Some(BackendRequest::Wgpu)
+        );
         assert!(parse("backend: tpu\n").is_err());
     }
 }

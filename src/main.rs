@@ -15,7 +15,9 @@ fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let ctx = cli.context();
     if let Some(threads) = cli.threads
-        && let Err(e) = rayon::ThreadPoolBuilder::new().num_threads(threads).build_global()
+        && let Err(e) = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build_global()
     {
         eprintln!("error: --threads {threads}: {e}");
         return ExitCode::from(2);

@@ -166,7 +166,7 @@ fn train_suite_times_steps_of_the_configured_model() {
     let config = dir.path().join("tiny.yaml");
     std::fs::write(
         &config,
-        "tokenizer: {vocab_size: 64}\nmodel: {hidden_size: 32, num_layers: 1, num_heads: 4, num_kv_heads: 2, \
+        "tokenizer: {vocab_size: 300}\nmodel: {hidden_size: 32, num_layers: 1, num_heads: 4, num_kv_heads: 2, \
          intermediate_size: 64, block_size: 32}\ntraining: {batch_size: 2}\n",
     )
     .unwrap();

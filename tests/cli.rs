@@ -19,8 +19,17 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-const SUBCOMMANDS: [&str; 9] =
-    ["train", "generate", "bench", "tokenize", "train-tokenizer", "prepare", "logits", "info", "plot"];
+const SUBCOMMANDS: [&str; 9] = [
+    "train",
+    "generate",
+    "bench",
+    "tokenize",
+    "train-tokenizer",
+    "prepare",
+    "logits",
+    "info",
+    "plot",
+];
 
 #[test]
 fn top_level_help_lists_every_subcommand_and_global_flag() {
@@ -28,10 +37,16 @@ fn top_level_help_lists_every_subcommand_and_global_flag() {
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     for sub in SUBCOMMANDS {
-        assert!(text.contains(sub), "`ember --help` does not mention {sub}:\n{text}");
+        assert!(
+            text.contains(sub),
+            "`ember --help` does not mention {sub}:\n{text}"
+        );
     }
     for flag in ["--backend", "--quiet", "--threads"] {
-        assert!(text.contains(flag), "`ember --help` does not mention {flag}:\n{text}");
+        assert!(
+            text.contains(flag),
+            "`ember --help` does not mention {flag}:\n{text}"
+        );
     }
 }
 
@@ -39,8 +54,15 @@ fn top_level_help_lists_every_subcommand_and_global_flag() {
 fn every_subcommand_has_help() {
     for sub in SUBCOMMANDS {
         let out = ember(&[sub, "--help"]);
-        assert!(out.status.success(), "ember {sub} --help failed: {}", stderr(&out));
-        assert!(stdout(&out).contains("Usage: ember"), "ember {sub} --help printed no usage");
+        assert!(
+            out.status.success(),
+            "ember {sub} --help failed: {}",
+            stderr(&out)
+        );
+        assert!(
+            stdout(&out).contains("Usage: ember"),
+            "ember {sub} --help printed no usage"
+        );
     }
 }
 
@@ -51,9 +73,22 @@ fn a_backend_that_is_not_compiled_in_is_an_error_naming_the_feature() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("config.json");
-    std::fs::write(&config, "{}").unwrap();
-    let out = ember(&["--backend", "cuda", "info", "--model", config.to_str().unwrap()]);
+    let model = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/crates/model/tests/fixtures/llama3"
+    );
+    let output = dir.path().join("logits.safetensors");
+    let args = [
+        "--backend",
+        "cuda",
+        "logits",
+        "--model",
+        model,
+        "--tokens",
+        "1,2,3",
+        "--output",
+    ];
+    let out = ember(&[&args[..], &[output.to_str().unwrap()]].concat());
     assert!(!out.status.success());
     let err = stderr(&out);
     assert!(err.contains("--features cuda"), "{err}");
@@ -75,7 +110,10 @@ fn a_config_with_an_unknown_key_names_the_file_and_key() {
     let out = ember(&["train", "--config", config.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(err.contains("bad.yaml") && err.contains("learning_rat"), "{err}");
+    assert!(
+        err.contains("bad.yaml") && err.contains("learning_rat"),
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
 }
 
@@ -83,5 +121,9 @@ fn a_config_with_an_unknown_key_names_the_file_and_key() {
 fn a_missing_config_file_is_an_error_naming_it() {
     let out = ember(&["train", "--config", "/nonexistent/run.yaml"]);
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("/nonexistent/run.yaml"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("/nonexistent/run.yaml"),
+        "{}",
+        stderr(&out)
+    );
 }

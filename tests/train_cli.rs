@@ -55,7 +55,11 @@ fn train(config: &Path, out: &Path, extra: &[&str]) {
         .args(extra)
         .output()
         .unwrap();
-    assert!(output.status.success(), "ember train failed: {}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "ember train failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 fn train_losses(run: &Path) -> Vec<(u64, f64)> {
@@ -75,20 +79,43 @@ fn train_writes_a_loadable_run_and_resume_matches_an_uninterrupted_run() {
     let straight = dir.path().join("straight");
     train(&config, &straight, &[]);
 
-    for file in ["config.json", "model.safetensors", "tokenizer.json", "optimizer.safetensors", "trainer_state.json"] {
-        assert!(straight.join("best").join(file).is_file(), "best/{file} missing");
-        assert!(straight.join("last").join(file).is_file(), "last/{file} missing");
+    for file in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "optimizer.safetensors",
+        "trainer_state.json",
+    ] {
+        assert!(
+            straight.join("best").join(file).is_file(),
+            "best/{file} missing"
+        );
+        assert!(
+            straight.join("last").join(file).is_file(),
+            "last/{file} missing"
+        );
     }
-    assert_eq!(&std::fs::read(straight.join("loss.png")).unwrap()[..4], b"\x89PNG");
+    assert_eq!(
+        &std::fs::read(straight.join("loss.png")).unwrap()[..4],
+        b"\x89PNG"
+    );
     let metrics = std::fs::read_to_string(straight.join("metrics.jsonl")).unwrap();
     let val: Vec<serde_json::Value> = metrics
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
         .filter(|v| v.get("val_loss").is_some())
         .collect();
-    assert_eq!(val.iter().map(|v| v["step"].as_u64().unwrap()).collect::<Vec<_>>(), [4, 8]);
+    assert_eq!(
+        val.iter()
+            .map(|v| v["step"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [4, 8]
+    );
     for v in &val {
-        assert!(v["val_bpb"].as_f64().unwrap() > 0.0 && v["val_ppl"].as_f64().unwrap() > 1.0, "{v}");
+        assert!(
+            v["val_bpb"].as_f64().unwrap() > 0.0 && v["val_ppl"].as_f64().unwrap() > 1.0,
+            "{v}"
+        );
     }
 
     let split = dir.path().join("split");
@@ -105,16 +132,41 @@ fn train_refuses_to_overwrite_a_run_and_plot_redraws_the_curves() {
     let config = setup(dir.path());
     let run = dir.path().join("run");
     train(&config, &run, &["--max-steps", "2"]);
-    let again = ember().args(["--quiet", "train", "--config"]).arg(&config).arg("--out").arg(&run).output().unwrap();
+    let again = ember()
+        .args(["--quiet", "train", "--config"])
+        .arg(&config)
+        .arg("--out")
+        .arg(&run)
+        .output()
+        .unwrap();
     assert!(!again.status.success());
-    assert!(String::from_utf8_lossy(&again.stderr).contains("--resume"), "{}", String::from_utf8_lossy(&again.stderr));
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("--resume"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
 
     std::fs::remove_file(run.join("loss.png")).unwrap();
-    let plot = ember().args(["--quiet", "plot"]).arg(&run).output().unwrap();
-    assert!(plot.status.success(), "{}", String::from_utf8_lossy(&plot.stderr));
-    assert_eq!(&std::fs::read(run.join("loss.png")).unwrap()[..4], b"\x89PNG");
+    let plot = ember()
+        .args(["--quiet", "plot"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert!(
+        plot.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plot.stderr)
+    );
+    assert_eq!(
+        &std::fs::read(run.join("loss.png")).unwrap()[..4],
+        b"\x89PNG"
+    );
 
-    let missing = ember().args(["--quiet", "plot"]).arg(dir.path().join("nothing")).output().unwrap();
+    let missing = ember()
+        .args(["--quiet", "plot"])
+        .arg(dir.path().join("nothing"))
+        .output()
+        .unwrap();
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("metrics.jsonl"));
 }

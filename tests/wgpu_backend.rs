@@ -6,7 +6,11 @@
 use burn::backend::{Autodiff, Flex, Wgpu};
 use burn::tensor::{Distribution, Tensor, TensorData, activation, backend::Backend};
 
-fn random<B: Backend, const D: usize>(shape: [usize; D], seed: u64, device: &B::Device) -> Tensor<B, D> {
+fn random<B: Backend, const D: usize>(
+    shape: [usize; D],
+    seed: u64,
+    device: &B::Device,
+) -> Tensor<B, D> {
     B::seed(device, seed);
     Tensor::random(shape, Distribution::Normal(0.0, 1.0), device)
 }
@@ -20,7 +24,10 @@ fn max_abs_diff(a: TensorData, b: TensorData) -> f32 {
     let a = a.to_vec::<f32>().unwrap();
     let b = b.to_vec::<f32>().unwrap();
     assert_eq!(a.len(), b.len());
-    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -42,15 +49,22 @@ fn wgpu_gradients_match_cpu() {
     let x = random::<Flex, 2>([16, 32], 3, &cpu);
     let w = random::<Flex, 2>([32, 8], 4, &cpu);
 
-    fn grad_of_w<B: burn::tensor::backend::AutodiffBackend>(x: Tensor<B, 2>, w: Tensor<B, 2>) -> TensorData {
+    fn grad_of_w<B: burn::tensor::backend::AutodiffBackend>(
+        x: Tensor<B, 2>,
+        w: Tensor<B, 2>,
+    ) -> TensorData {
         let w = w.require_grad();
         let loss = activation::gelu(x.matmul(w.clone())).powi_scalar(2).mean();
         let grads = loss.backward();
         w.grad(&grads).expect("w requires grad").into_data()
     }
 
-    let want = grad_of_w::<Autodiff<Flex>>(Tensor::from_inner(x.clone()), Tensor::from_inner(w.clone()));
-    let got = grad_of_w::<Autodiff<Wgpu>>(Tensor::from_inner(to_wgpu(&x)), Tensor::from_inner(to_wgpu(&w)));
+    let want =
+        grad_of_w::<Autodiff<Flex>>(Tensor::from_inner(x.clone()), Tensor::from_inner(w.clone()));
+    let got = grad_of_w::<Autodiff<Wgpu>>(
+        Tensor::from_inner(to_wgpu(&x)),
+        Tensor::from_inner(to_wgpu(&w)),
+    );
     // Gradients are means over 128 outputs of O(1) terms: f32 reordering error stays below 1e-5.
     let diff = max_abs_diff(want, got);
     assert!(diff < 1e-5, "max |cpu - wgpu| gradient = {diff}");

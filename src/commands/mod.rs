@@ -51,8 +51,3 @@ pub fn run(command: Command, ctx: &Context) -> anyhow::Result<()> {
         Command::Plot(args) => plot::run(args, ctx),
     }
 }
-
-/// The error of a subcommand whose library has not landed yet: a clear refusal, never fake output.
-pub fn not_implemented(command: &str, issue: u32) -> anyhow::Error {
-    anyhow::anyhow!("`ember {command}` is not implemented yet (tracked in issue #{issue})")
-}

@@ -13,8 +13,8 @@ use ember_dataset::{DocumentEncoder, PrepareOptions, Split, TokenDataset, stable
 use ember_model::{AttentionBackend, AttentionKernel, ModelSpec, Positions, Transformer};
 use ember_tokenizer::{NoProgress, Tokenizer};
 use ember_training::{
-    AdamWConfig, CosineSchedule, DecayPolicy, HfModelStore, MetricsRecord, Observer, ShardData, StepReport,
-    TrainSettings, TrainSummary,
+    AdamWConfig, CosineSchedule, DecayPolicy, HfModelStore, MetricsRecord, Observer, ShardData,
+    StepReport, TrainSettings, TrainSummary,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -44,8 +44,12 @@ pub struct Args {
 
 /// Runs `ember train`.
 pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
-    let config = RunConfig::load(&args.config).with_context(|| format!("loading {}", args.config.display()))?;
-    let run_dir = args.out.clone().unwrap_or_else(|| Path::new("runs").join(&config.name));
+    let config = RunConfig::load(&args.config)
+        .with_context(|| format!("loading {}", args.config.display()))?;
+    let run_dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| Path::new("runs").join(&config.name));
     if !args.resume && run_dir.join("last").exists() {
         bail!(
             "{} already holds a run; pass --resume to continue it or --out to train into another directory",
@@ -58,7 +62,14 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
     let data_dir = ensure_dataset(&config, &tokenizer, &tokenizer_path, ctx)?;
     let config_json = serde_json::to_value(config_summary(&config))?;
     let settings = settings(&config, &args, run_dir.clone(), config_json)?;
-    let job = TrainJob { config, settings, tokenizer, tokenizer_path, data_dir, quiet: ctx.quiet };
+    let job = TrainJob {
+        config,
+        settings,
+        tokenizer,
+        tokenizer_path,
+        data_dir,
+        quiet: ctx.quiet,
+    };
     let backend = job.config.backend;
     let summary = ctx.dispatch(backend, job)??;
     if !ctx.quiet {
@@ -89,7 +100,12 @@ fn config_summary(config: &RunConfig) -> serde_json::Value {
     })
 }
 
-fn settings(config: &RunConfig, args: &Args, run_dir: PathBuf, config_json: serde_json::Value) -> anyhow::Result<TrainSettings> {
+fn settings(
+    config: &RunConfig,
+    args: &Args,
+    run_dir: PathBuf,
+    config_json: serde_json::Value,
+) -> anyhow::Result<TrainSettings> {
     let t = &config.training;
     let time_limit = args.time_limit.or(t.time_limit_min);
     if let Some(minutes) = time_limit
@@ -138,12 +154,20 @@ fn ensure_tokenizer(config: &RunConfig, ctx: &Context) -> anyhow::Result<PathBuf
         return Ok(path.clone());
     }
     let files = text_files(&config.data.inputs)?;
-    let mut key = format!("{}|{:?}", config.tokenizer.vocab_size, config.tokenizer.special_tokens);
+    let mut key = format!(
+        "{}|{:?}",
+        config.tokenizer.vocab_size, config.tokenizer.special_tokens
+    );
     for file in &files {
-        let size = std::fs::metadata(file).with_context(|| format!("reading {}", file.display()))?.len();
+        let size = std::fs::metadata(file)
+            .with_context(|| format!("reading {}", file.display()))?
+            .len();
         key.push_str(&format!("|{}:{size}", file.display()));
     }
-    let dir = config.data.cache_dir.join(format!("tokenizer-{:016x}", stable_hash(key.as_bytes())));
+    let dir = config
+        .data
+        .cache_dir
+        .join(format!("tokenizer-{:016x}", stable_hash(key.as_bytes())));
     let path = dir.join("tokenizer.json");
     if path.is_file() {
         if !ctx.quiet {
@@ -152,7 +176,11 @@ fn ensure_tokenizer(config: &RunConfig, ctx: &Context) -> anyhow::Result<PathBuf
         return Ok(path);
     }
     if !ctx.quiet {
-        eprintln!("training a {}-token BPE tokenizer on {} file(s)", config.tokenizer.vocab_size, files.len());
+        eprintln!(
+            "training a {}-token BPE tokenizer on {} file(s)",
+            config.tokenizer.vocab_size,
+            files.len()
+        );
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     ember_tokenizer::train_tokenizer_files(
@@ -198,7 +226,9 @@ struct Encoder<'a> {
 
 impl DocumentEncoder for Encoder<'_> {
     fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
-        self.tokenizer.encode_ordinary(text).map_err(|e| e.to_string())
+        self.tokenizer
+            .encode_ordinary(text)
+            .map_err(|e| e.to_string())
     }
 
     fn vocab_size(&self) -> usize {
@@ -215,8 +245,14 @@ impl DocumentEncoder for Encoder<'_> {
 }
 
 /// The prepared corpus directory for this tokenizer, preparing it when missing or stale.
-fn ensure_dataset(config: &RunConfig, tokenizer: &Tokenizer, tokenizer_path: &Path, ctx: &Context) -> anyhow::Result<PathBuf> {
-    let bytes = std::fs::read(tokenizer_path).with_context(|| format!("reading {}", tokenizer_path.display()))?;
+fn ensure_dataset(
+    config: &RunConfig,
+    tokenizer: &Tokenizer,
+    tokenizer_path: &Path,
+    ctx: &Context,
+) -> anyhow::Result<PathBuf> {
+    let bytes = std::fs::read(tokenizer_path)
+        .with_context(|| format!("reading {}", tokenizer_path.display()))?;
     let fingerprint = format!("{:016x}", stable_hash(&bytes));
     let dir = config.data.cache_dir.join(format!("data-{fingerprint}"));
     if TokenDataset::open_for_tokenizer(&dir, Split::Train, &fingerprint).is_ok() {
@@ -228,7 +264,10 @@ fn ensure_dataset(config: &RunConfig, tokenizer: &Tokenizer, tokenizer_path: &Pa
     if !ctx.quiet {
         eprintln!("tokenizing the corpus into {}", dir.display());
     }
-    let encoder = Encoder { tokenizer, fingerprint };
+    let encoder = Encoder {
+        tokenizer,
+        fingerprint,
+    };
     let mut options = PrepareOptions::new(config.data.inputs.clone(), dir.clone());
     options.val_fraction = config.data.val_fraction;
     options.text_field = config.data.text_field.clone();
@@ -298,14 +337,23 @@ impl BackendJob for TrainJob {
                 spec.parameter_count() as f64 / 1e6,
                 spec.num_layers,
                 spec.hidden_size,
-                self.settings.batch_size * self.settings.block_size * self.settings.grad_accum_steps,
+                self.settings.batch_size
+                    * self.settings.block_size
+                    * self.settings.grad_accum_steps,
                 data.ratio()
             );
         }
         let stop = ember_training::interrupt_flag()?;
         let store = HfModelStore::with_tokenizer(Some(self.tokenizer_path.clone()));
         let mut observer = Bar::new(self.settings.max_steps, self.quiet);
-        let summary = ember_training::train(model, &mut data, &store, &self.settings, &mut observer, &stop);
+        let summary = ember_training::train(
+            model,
+            &mut data,
+            &store,
+            &self.settings,
+            &mut observer,
+            &stop,
+        );
         observer.bar.finish_and_clear();
         Ok(summary?)
     }
@@ -319,7 +367,11 @@ struct Bar {
 
 impl Bar {
     fn new(max_steps: usize, quiet: bool) -> Self {
-        let bar = if quiet { ProgressBar::hidden() } else { ProgressBar::new(max_steps as u64) };
+        let bar = if quiet {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::new(max_steps as u64)
+        };
         let style = ProgressStyle::with_template("{bar:30} step {pos}/{len} {msg} ETA {eta}")
             .unwrap_or_else(|_| ProgressStyle::default_bar());
         bar.set_style(style);
@@ -330,7 +382,10 @@ impl Bar {
 impl Observer for Bar {
     fn on_step(&mut self, r: &StepReport) {
         self.bar.set_position(r.step as u64);
-        self.bar.set_message(format!("loss {:.4} lr {:.2e} {:.0} tok/s", r.loss, r.lr, r.tokens_per_sec));
+        self.bar.set_message(format!(
+            "loss {:.4} lr {:.2e} {:.0} tok/s",
+            r.loss, r.lr, r.tokens_per_sec
+        ));
     }
 
     fn on_eval(&mut self, r: &MetricsRecord) {

@@ -317,7 +317,14 @@ fn conversation_turns_reuse_the_cache_and_match_one_shot_generation() {
         .unwrap();
     // One shot over the whole transcript: turn 1, reply 1, turn 2.
     let transcript: Vec<u32> = [vec![10, 11], first.ids.clone(), vec![12]].concat();
-    let one_shot = generate(&model, None, &[transcript.clone()], &config, &mut |_, _| {}).unwrap();
+    let one_shot = generate(
+        &model,
+        None,
+        std::slice::from_ref(&transcript),
+        &config,
+        &mut |_, _| {},
+    )
+    .unwrap();
     assert_eq!(second.ids, one_shot[0].ids);
     assert_eq!(chat.history(), [transcript, second.ids.clone()].concat());
 }

@@ -76,7 +76,7 @@ fn smollm2_logits_and_greedy_ids_match_transformers() {
     let logits = lm
         .step(
             &mut state,
-            &[chat_ids.clone()],
+            std::slice::from_ref(&chat_ids),
             &[vec![false; chat_ids.len()]],
         )
         .unwrap()

@@ -51,10 +51,11 @@ pub(crate) fn write(
     })
 }
 
+/// Arrays by name, and the file's string metadata.
+pub(crate) type Contents = (BTreeMap<String, Array>, HashMap<String, String>);
+
 /// Reads every array and the metadata of a file written by [`write`]; non-f32 tensors are an error.
-pub(crate) fn read(
-    path: &Path,
-) -> Result<(BTreeMap<String, Array>, HashMap<String, String>), TrainError> {
+pub(crate) fn read(path: &Path) -> Result<Contents, TrainError> {
     let buffer = std::fs::read(path).map_err(|e| TrainError::io(path, e))?;
     let invalid = |message: String| TrainError::Safetensors {
         path: path.to_path_buf(),

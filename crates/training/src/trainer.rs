@@ -228,7 +228,7 @@ where
             grad_norm,
             tokens_per_sec,
         });
-        if state.step % settings.log_interval == 0 {
+        if state.step.is_multiple_of(settings.log_interval) {
             let (since, tokens_then) = interval_start;
             let rate =
                 (state.tokens_seen - tokens_then) as f64 / since.elapsed().as_secs_f64().max(1e-9);
@@ -243,7 +243,7 @@ where
             })?;
             interval_start = (Instant::now(), state.tokens_seen);
         }
-        if state.step % settings.eval_interval == 0 {
+        if state.step.is_multiple_of(settings.eval_interval) {
             let stop_early = evaluate_and_track(
                 &model,
                 data,
@@ -260,7 +260,7 @@ where
                 break StopReason::EarlyStopping;
             }
         }
-        if state.step % settings.checkpoint_interval == 0 {
+        if state.step.is_multiple_of(settings.checkpoint_interval) {
             save_checkpoint(&last_dir, &model, store, &optimizer, &state, data)?;
         }
     };

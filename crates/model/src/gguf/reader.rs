@@ -219,7 +219,7 @@ pub fn parse_header(bytes: &[u8], path: &Path) -> Result<Header, GgufError> {
             .collect::<Result<Vec<_>, _>>()?;
         let ggml_type = GgmlType::from_id(c.u32(&what)?);
         let offset = c.u64(&what)?;
-        if offset % alignment != 0 {
+        if !offset.is_multiple_of(alignment) {
             return Err(c.corrupt(
                 &what,
                 format!("data offset {offset} is not a multiple of the alignment {alignment}"),
@@ -264,7 +264,7 @@ fn check_extent(t: &TensorInfo, file_len: u64, path: &Path) -> Result<(), GgufEr
         reason,
     };
     let inner = t.dims.first().copied().unwrap_or(1);
-    if inner % block_len as u64 != 0 {
+    if !inner.is_multiple_of(block_len as u64) {
         return Err(corrupt(format!(
             "innermost dimension {inner} is not a multiple of the {} block size {block_len}",
             t.ggml_type

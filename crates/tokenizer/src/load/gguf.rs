@@ -80,8 +80,10 @@ impl Tokenizer {
             .collect();
         match vocab.model.as_str() {
             "gpt2" => {
+                // SmolLM isolates every digit before GPT-2's split (HF: Digits(individual) + ByteLevel).
+                let digits_first = vocab.pre.as_deref() == Some("smollm");
                 let splitter = match vocab.pre.as_deref() {
-                    None | Some("default" | "gpt-2" | "gpt2") => Splitter::Gpt2,
+                    None | Some("default" | "gpt-2" | "gpt2" | "smollm") => Splitter::Gpt2,
                     Some("llama3" | "llama-bpe" | "llama-v3") => Splitter::Cl100k { max_digits: 3 },
                     Some("qwen2") => Splitter::Cl100k { max_digits: 1 },
                     Some(other) => {
@@ -123,10 +125,15 @@ impl Tokenizer {
                     fuse_unk: false,
                     ignore_merges: matches!(splitter, Splitter::Cl100k { max_digits: 3 }),
                 };
+                let splitters = if digits_first {
+                    vec![Splitter::regex(r"\p{N}")?, splitter]
+                } else {
+                    vec![splitter]
+                };
                 Ok(Tokenizer::from_parts(Parts {
                     model: spec.build(&merges),
                     normalizers: Vec::new(),
-                    splitters: vec![splitter],
+                    splitters,
                     prefix_space: false,
                     added,
                     token_bytes,
