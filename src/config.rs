@@ -347,7 +347,7 @@ impl RunConfig {
             }
         }
         let m = &self.model;
-        if m.hidden_size % m.num_heads != 0 {
+        if !m.hidden_size.is_multiple_of(m.num_heads) {
             return Err(invalid(
                 "model.num_heads",
                 format!(
@@ -356,7 +356,7 @@ impl RunConfig {
                 ),
             ));
         }
-        if m.num_heads % m.num_kv_heads != 0 {
+        if !m.num_heads.is_multiple_of(m.num_kv_heads) {
             return Err(invalid(
                 "model.num_kv_heads",
                 format!(
@@ -425,7 +425,7 @@ impl RunConfig {
             ));
         }
         if let Some(minutes) = t.time_limit_min
-            && !(minutes > 0.0)
+            && (minutes.is_nan() || minutes <= 0.0)
         {
             return Err(invalid(
                 "training.time_limit_min",
