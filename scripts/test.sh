@@ -2,8 +2,11 @@
 # The test command of the README: installs what the tests need, fetches the assets the oracle tests compare
 # against (GPT-2 tiktoken ranks, SmolLM2-135M GGUF), then runs every test of the workspace.
 #
-# Usage: bash scripts/test.sh [extra cargo test args]
-# The GPU code path on software Vulkan: bash scripts/test.sh --features ember/wgpu --test wgpu_backend
+# The wgpu backend is compiled in, so tests/wgpu_backend.rs runs the GPU code path (attention kernels, a model
+# forward, a training step) on Mesa's software Vulkan and compares it with cpu on every run; every other test
+# runs on cpu (flex), which `--backend auto` picks because it skips software-emulated GPUs.
+#
+# Usage: bash scripts/test.sh [extra cargo test args], e.g. `bash scripts/test.sh --test wgpu_backend`
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,4 +19,4 @@ mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
 bash scripts/install_deps.sh
 bash scripts/fetch_assets.sh
 
-cargo test --workspace "$@"
+cargo test --workspace --features ember/wgpu "$@"

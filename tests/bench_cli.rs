@@ -105,23 +105,68 @@ fn model_bench_json_has_every_figure_and_matches_the_output_file() {
     );
 }
 
+/// `--quantize` runs the same workload on quantized weights and says so: the model's dtype is the scheme and its
+/// weight bytes shrink (int8: 1 byte per matrix element plus a scale per row, against 4 bytes in f32).
 #[test]
-fn quantize_is_refused_with_a_clear_message() {
+fn quantized_model_bench_reports_the_scheme_and_smaller_weights() {
     let dir = temp_dir("quantize");
     let model = tiny_model_dir(dir.path());
-    let out = ember(&[
-        "bench",
-        "--model",
-        model.to_str().unwrap(),
-        "--quantize",
-        "int8",
-    ]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let bench = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec![
+            "bench",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt-len",
+            "4",
+            "--gen-len",
+            "3",
+            "--runs",
+            "1",
+            "--warmup",
+            "0",
+            "--format",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        serde_json::from_str(&stdout(&ember(&args))).unwrap()
+    };
+    let f32_report = bench(&[]);
+    let int8_report = bench(&["--quantize", "int8"]);
+    let weights = |r: &serde_json::Value| r["model"]["weight_bytes"].as_u64().unwrap();
+    assert_eq!(f32_report["model"]["dtype"], "f32");
+    assert_eq!(int8_report["model"]["dtype"], "int8");
+    assert_eq!(int8_report["settings"]["quantize"], "int8");
     assert!(
-        err.contains("--quantize int8") && err.contains("not wired"),
+        weights(&int8_report) * 2 < weights(&f32_report),
+        "{} vs {}",
+        weights(&int8_report),
+        weights(&f32_report)
+    );
+    assert!(int8_report["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn bad_quantize_values_are_clear_errors() {
+    let dir = temp_dir("quantize-bad");
+    let model = tiny_model_dir(dir.path());
+    let run = |scheme: &str| {
+        let out = ember(&[
+            "bench",
+            "--model",
+            model.to_str().unwrap(),
+            "--quantize",
+            scheme,
+        ]);
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run("int3");
+    assert!(
+        err.contains("--quantize int3") && err.contains("int4-gN"),
         "{err}"
     );
+    let err = run("gguf");
+    assert!(err.contains("needs a GGUF file"), "{err}");
 }
 
 #[test]
@@ -221,6 +266,7 @@ fn model_report(ttft_ms: f64, decode_tokens_per_s: f64) -> Report {
                 architecture: "LlamaForCausalLM".into(),
                 parameters: 10,
                 dtype: "f32".into(),
+                weight_bytes: 40,
             },
             settings: ModelSettings {
                 batch: 1,

@@ -183,3 +183,118 @@ fn smollm2_answers_the_capital_of_france() {
     // transformers' greedy reply from the same file is "The capital of France is Paris." (fixture smollm2.json).
     assert_eq!(text.trim(), "The capital of France is Paris.");
 }
+
+/// `--quantize gguf` keeps the file's Q4_1/Q8_0 blocks on the device; the dequantized values are the file's,
+/// so the greedy answer is the f32 one.
+#[test]
+fn smollm2_answers_the_same_with_its_stored_quantization() {
+    let Some(path) = smollm2() else { return };
+    let m = path.display().to_string();
+    let out = ember(&[
+        "generate",
+        "--model",
+        &m,
+        "--quantize",
+        "gguf",
+        "--chat",
+        "--prompt",
+        "What is the capital of France?",
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "24",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        "The capital of France is Paris."
+    );
+}
+
+/// `--interactive` reads one user message per stdin line and answers each in turn, keeping the conversation:
+/// the first answer is the one-shot answer, and the second turn sees the first (it is asked about it).
+#[test]
+fn smollm2_interactive_chat_answers_turn_by_turn() {
+    use std::io::Write;
+    use std::process::Stdio;
+
+    let Some(path) = smollm2() else { return };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["--quiet", "--backend", "cpu", "generate", "--model"])
+        .arg(&path)
+        .args([
+            "--interactive",
+            "--temperature",
+            "0",
+            "--max-new-tokens",
+            "24",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is the capital of France?\n\nAnd of Germany?\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let replies: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(replies.len(), 2, "one reply per non-empty line: {text:?}");
+    assert_eq!(replies[0].trim(), "The capital of France is Paris.");
+    assert!(replies[1].contains("Berlin"), "{text:?}");
+}
+
+/// `ember eval` scores held-out text: the f32 model and its stored Q4_1/Q8_0 form give the same perplexity up
+/// to summation order, and int4-g128 (a coarser requantization of already-4-bit weights) costs a little more.
+#[test]
+fn smollm2_eval_reports_perplexity_for_each_precision() {
+    let Some(path) = smollm2() else { return };
+    let m = path.display().to_string();
+    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/tinyshakespeare.txt");
+    let eval = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec![
+            "eval",
+            "--model",
+            &m,
+            "--text",
+            text.to_str().unwrap(),
+            "--max-tokens",
+            "257",
+            "--window",
+            "128",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        json_lines(&ember(&args)).remove(0)
+    };
+    let f32_run = eval(&[]);
+    let stored = eval(&["--quantize", "gguf"]);
+    assert_eq!(
+        f32_run["scored_tokens"], 254,
+        "257 tokens in windows of 128: 127 + 127 scored"
+    );
+    let bpb = |r: &serde_json::Value| r["bits_per_byte"].as_f64().unwrap();
+    assert!(bpb(&f32_run) > 0.5 && bpb(&f32_run) < 5.0, "{f32_run}");
+    assert!(
+        (bpb(&stored) - bpb(&f32_run)).abs() < 1e-3,
+        "{stored} vs {f32_run}"
+    );
+    assert!(
+        stored["weight_bytes"].as_u64().unwrap() * 4 < f32_run["weight_bytes"].as_u64().unwrap(),
+        "{stored}"
+    );
+    assert_eq!(stored["precision"], "gguf");
+}

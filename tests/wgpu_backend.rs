@@ -65,7 +65,116 @@ fn wgpu_gradients_match_cpu() {
         Tensor::from_inner(to_wgpu(&x)),
         Tensor::from_inner(to_wgpu(&w)),
     );
-    // Gradients are means over 128 outputs of O(1) terms: f32 reordering error stays below 1e-5.
+    // Pre-activations are sums of 32 products of N(0, 1) values (std ~5.7), so GELU's erf/exp run at arguments
+    // up to ~20, where Vulkan allows transcendental functions an error of 3 + 2|x| ulp (SPIR-V GLSL.std.450):
+    // tens of ulp, i.e. ~1e-5 relative, and the gradient sums 16 such terms. 1e-4 relative to the largest
+    // gradient bounds that; a wrong kernel (a missing term, a transposed operand) is off by O(1).
+    let scale = want
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .fold(1.0f32, |m, g| m.max(g.abs()));
     let diff = max_abs_diff(want, got);
-    assert!(diff < 1e-5, "max |cpu - wgpu| gradient = {diff}");
+    assert!(
+        diff < 1e-4 * scale,
+        "max |cpu - wgpu| gradient = {diff} (largest gradient {scale})"
+    );
+}
+
+/// Each attention kernel on wgpu against the same kernel on cpu, forward and the gradients of q, k and v, with
+/// GQA (4 query heads over 2 key/value heads), a causal mask and a length that is not a multiple of the flash
+/// block. Scores are sums of 32 f32 products of N(0, 1) values; after softmax and the weighted sum the two
+/// backends' reordering differences stay below 1e-4 forward and 1e-3 on gradients (sums over 37 positions).
+#[test]
+fn wgpu_attention_kernels_match_cpu_forward_and_backward() {
+    use ember_attention::{AttentionKernel, AttentionOptions, attention};
+
+    fn run<B: burn::tensor::backend::AutodiffBackend>(
+        kernel: AttentionKernel,
+        q: Tensor<B, 4>,
+        k: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+    ) -> [TensorData; 4]
+    where
+        B: ember_attention::AttentionBackend,
+    {
+        let (q, k, v) = (q.require_grad(), k.require_grad(), v.require_grad());
+        let out = attention(
+            kernel,
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            &AttentionOptions::causal(),
+        );
+        let grads = out.clone().powi_scalar(2).sum().backward();
+        [
+            out.into_data(),
+            q.grad(&grads).unwrap().into_data(),
+            k.grad(&grads).unwrap().into_data(),
+            v.grad(&grads).unwrap().into_data(),
+        ]
+    }
+
+    let cpu = Default::default();
+    let q = random::<Flex, 4>([2, 4, 37, 32], 5, &cpu);
+    let k = random::<Flex, 4>([2, 2, 37, 32], 6, &cpu);
+    let v = random::<Flex, 4>([2, 2, 37, 32], 7, &cpu);
+    for kernel in AttentionKernel::ALL {
+        let want = run::<Autodiff<Flex>>(
+            kernel,
+            Tensor::from_inner(q.clone()),
+            Tensor::from_inner(k.clone()),
+            Tensor::from_inner(v.clone()),
+        );
+        let got = run::<Autodiff<Wgpu>>(
+            kernel,
+            Tensor::from_inner(to_wgpu(&q)),
+            Tensor::from_inner(to_wgpu(&k)),
+            Tensor::from_inner(to_wgpu(&v)),
+        );
+        for (what, (w, g)) in ["output", "dq", "dk", "dv"]
+            .iter()
+            .zip(want.into_iter().zip(got))
+        {
+            let diff = max_abs_diff(w, g);
+            let tolerance = if *what == "output" { 1e-4 } else { 1e-3 };
+            assert!(
+                diff < tolerance,
+                "{kernel:?} {what}: max |cpu - wgpu| = {diff}"
+            );
+        }
+    }
+}
+
+/// A whole LLaMA-style model (RoPE, GQA, RMSNorm, SwiGLU) built from the same seed on both backends gives the
+/// same logits, f32 and with int4-g32 weights (wgpu stores the packed codes in whatever integer type it
+/// supports). Two layers of 64-wide f32 arithmetic keep reordering differences below 1e-3 on logits of
+/// magnitude ~1.
+#[test]
+fn wgpu_transformer_forward_matches_cpu_f32_and_quantized() {
+    use burn::tensor::Int;
+    use ember_model::{ModelSpec, QuantScheme, Quantization, Transformer};
+
+    let spec = ModelSpec::llama_style(97, 64, 2, 4, 2, 128, 64);
+    let ids: Vec<i64> = (0..23).map(|i| (i * 31 + 7) % 97).collect();
+    fn logits<B: ember_attention::AttentionBackend>(
+        model: &Transformer<B>,
+        ids: &[i64],
+    ) -> TensorData {
+        let tokens = Tensor::<B, 2, Int>::from_data(
+            TensorData::new(ids.to_vec(), [1, ids.len()]),
+            &model.device(),
+        );
+        model.forward(tokens).unwrap().into_data()
+    }
+    let cpu_model = Transformer::<Flex>::init(&spec, 3, &Default::default()).unwrap();
+    let wgpu_model = Transformer::<Wgpu>::init(&spec, 3, &Default::default()).unwrap();
+    let diff = max_abs_diff(logits(&cpu_model, &ids), logits(&wgpu_model, &ids));
+    assert!(diff < 1e-3, "f32 logits: max |cpu - wgpu| = {diff}");
+
+    let q = Quantization::new("int4-g32".parse::<QuantScheme>().unwrap());
+    let cpu_q = cpu_model.quantize(&q).unwrap();
+    let wgpu_q = wgpu_model.quantize(&q).unwrap();
+    let diff = max_abs_diff(logits(&cpu_q, &ids), logits(&wgpu_q, &ids));
+    assert!(diff < 1e-3, "int4 logits: max |cpu - wgpu| = {diff}");
 }

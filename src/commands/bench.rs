@@ -18,7 +18,8 @@ use ember_model::{AttentionBackend, AttentionKernel, ModelSpec, Positions, Trans
 use ember_training::{HfModelStore, InMemoryData};
 
 use crate::Context;
-use crate::backend::{SystemProbe, select};
+use crate::backend::{BackendJob, SystemProbe, run_on, select};
+use crate::commands::precision::QuantizeArgs;
 use crate::config::RunConfig;
 
 /// Which suite `--suite` runs.
@@ -57,9 +58,8 @@ pub struct Args {
     /// Attention kernel for --model and --suite train: manual, fused or flash [default: flash].
     #[arg(long, default_value = "flash")]
     pub attention: String,
-    /// Weight quantization for --model (int8, int4) [default: none, f32 weights].
-    #[arg(long)]
-    pub quantize: Option<String>,
+    #[command(flatten)]
+    pub quantize: QuantizeArgs,
     /// Sequences per batch [default: 1 for --model, the config's training.batch_size for --suite train].
     #[arg(long)]
     pub batch: Option<usize>,
@@ -119,19 +119,7 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
         args,
         quiet: ctx.quiet,
     };
-    // `BackendJob::run` is bounded by burn's `Backend`; the kernels and the transformer need ember's
-    // `AttentionBackend`, which every backend ember compiles in implements, so the dispatch is spelled out here.
-    let body = match selection.kind {
-        #[cfg(feature = "cuda")]
-        crate::backend::BackendKind::Cuda => job.run::<burn::backend::Cuda>(Default::default()),
-        #[cfg(feature = "wgpu")]
-        crate::backend::BackendKind::Wgpu => job.run::<burn::backend::Wgpu>(Default::default()),
-        #[cfg(feature = "ndarray")]
-        crate::backend::BackendKind::NdArray => {
-            job.run::<burn::backend::NdArray>(Default::default())
-        }
-        _ => job.run::<burn::backend::Flex>(Default::default()),
-    }?;
+    let body = run_on(selection.kind, job)?;
     let report = Report {
         schema_version: SCHEMA_VERSION,
         ember_version: EMBER_VERSION.to_string(),
@@ -177,8 +165,10 @@ struct BenchJob {
     quiet: bool,
 }
 
-impl BenchJob {
-    fn run<B: AttentionBackend>(&self, device: B::Device) -> anyhow::Result<ReportBody> {
+impl BackendJob for BenchJob {
+    type Output = anyhow::Result<ReportBody>;
+
+    fn run<B: AttentionBackend>(self, device: B::Device) -> Self::Output {
         let args = &self.args;
         if args.model.is_some() {
             return self.model_bench::<B>(&device);
@@ -190,24 +180,21 @@ impl BenchJob {
             None => bail!("nothing to do: pass --model, --suite or --compare"),
         }
     }
+}
 
+impl BenchJob {
     fn model_bench<B: AttentionBackend>(&self, device: &B::Device) -> anyhow::Result<ReportBody> {
         let args = &self.args;
         let path = args
             .model
             .as_deref()
             .ok_or_else(|| anyhow!("--model is required"))?;
-        if let Some(scheme) = &args.quantize {
-            bail!(
-                "--quantize {scheme}: quantized weights are not wired into the model loader yet \
-                 (ember-optimization's quantized linear layers); run without --quantize for f32 weights"
-            );
-        }
+        let precision = args.quantize.precision()?;
         let kernel: AttentionKernel = args.attention.parse()?;
         let assets =
             ModelAssets::open(path).with_context(|| format!("opening {}", path.display()))?;
         let model = assets
-            .load::<B>(device, None)
+            .load_as::<B>(device, None, &precision)
             .with_context(|| format!("loading {}", path.display()))?;
         let settings = ModelSettings {
             batch: args.batch.unwrap_or(1),
@@ -216,7 +203,7 @@ impl BenchJob {
             runs: args.runs,
             warmup: args.warmup,
             attention: kernel.name().to_string(),
-            quantize: None,
+            quantize: args.quantize.quantize.clone(),
         };
         let name = path.display().to_string();
         let clock = MonotonicClock::new();
@@ -224,7 +211,7 @@ impl BenchJob {
             model.with_kernel(kernel),
             device.clone(),
             name,
-            "f32".into(),
+            precision.label(),
             settings,
             &clock,
         )?;

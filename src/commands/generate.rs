@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use anyhow::{Context as _, bail};
 use ember_inference::sampling::SamplingConfig;
 use ember_inference::{
-    ChatTemplate, Conversation, Generation, GenerationConfig, Message, ModelAssets, TransformerLm,
-    generate,
+    ChatTemplate, Conversation, Generation, GenerationConfig, Message, ModelAssets, Precision,
+    TransformerLm, generate,
 };
 use ember_model::{AttentionBackend, AttentionKernel};
 use ember_tokenizer::Tokenizer;
@@ -15,6 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::Context;
 use crate::backend::BackendJob;
+use crate::commands::precision::QuantizeArgs;
 
 /// Output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -93,6 +94,8 @@ pub struct Args {
     /// Attention kernel: manual, fused or flash [default: flash].
     #[arg(long, default_value = "flash")]
     pub attention: String,
+    #[command(flatten)]
+    pub quantize: QuantizeArgs,
 }
 
 /// What to run once the backend is chosen.
@@ -109,6 +112,7 @@ struct GenerateJob {
     config: GenerationConfig,
     args: Args,
     kernel: AttentionKernel,
+    precision: Precision,
     quiet: bool,
 }
 
@@ -131,7 +135,7 @@ impl BackendJob for GenerateJob {
         };
         let model = self
             .assets
-            .load::<B>(&device, Some(&mut progress))?
+            .load_as::<B>(&device, Some(&mut progress), &self.precision)?
             .with_kernel(self.kernel);
         bar.finish_and_clear();
         let lm = TransformerLm::new(model, device);
@@ -286,6 +290,7 @@ fn prompt_ids(
 /// Runs `ember generate`.
 pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
     let kernel: AttentionKernel = args.attention.parse()?;
+    let precision = args.quantize.precision()?;
     let assets = ModelAssets::open(&args.model)
         .with_context(|| format!("opening model {}", args.model.display()))?;
     let work = if args.interactive {
@@ -325,6 +330,7 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
         config,
         args,
         kernel,
+        precision,
         quiet: ctx.quiet,
     };
     ctx.dispatch(None, job)?

@@ -5,24 +5,26 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
 use burn::tensor::{Int, Tensor, TensorData};
-use ember_model::{AttentionBackend, AttentionKernel, ModelDir};
+use ember_inference::{ModelAssets, Precision};
+use ember_model::{AttentionBackend, AttentionKernel};
 use indicatif::{ProgressBar, ProgressStyle};
 use safetensors::tensor::{Dtype, TensorView};
 
 use crate::Context;
 use crate::backend::BackendJob;
+use crate::commands::precision::QuantizeArgs;
 
 /// Flags of `ember logits`.
 #[derive(clap::Args, Debug)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["tokens", "prompt"])))]
 pub struct Args {
-    /// Hugging Face model directory (config.json + model.safetensors) [required].
+    /// Hugging Face model directory (config.json + model.safetensors) or GGUF file [required].
     #[arg(long)]
     pub model: PathBuf,
     /// Comma-separated token ids, e.g. `1,2,3` [this or --prompt is required].
     #[arg(long, value_delimiter = ',')]
     pub tokens: Option<Vec<u32>>,
-    /// Text to encode with the model directory's tokenizer [this or --tokens is required].
+    /// Text to encode with the model's tokenizer [this or --tokens is required].
     #[arg(long)]
     pub prompt: Option<String>,
     /// Output safetensors file: `logits` [T, vocab] f32 and `tokens` [T] i64 [required].
@@ -31,13 +33,16 @@ pub struct Args {
     /// Attention kernel: manual, fused or flash [default: flash].
     #[arg(long, default_value = "flash")]
     pub attention: String,
+    #[command(flatten)]
+    pub quantize: QuantizeArgs,
 }
 
 /// Loads the model on the selected backend and computes the logits of `ids`.
 struct LogitsJob {
-    dir: ModelDir,
+    assets: ModelAssets,
     ids: Vec<u32>,
     kernel: AttentionKernel,
+    precision: Precision,
     quiet: bool,
 }
 
@@ -58,16 +63,11 @@ impl BackendJob for LogitsJob {
             bar.set_position(done as u64);
             bar.set_message(name.to_string());
         };
-        let loaded = self.dir.load::<B>(&device, Some(&mut progress))?;
+        let model = self
+            .assets
+            .load_as::<B>(&device, Some(&mut progress), &self.precision)?
+            .with_kernel(self.kernel);
         bar.finish_and_clear();
-        if !loaded.unused.is_empty() && !self.quiet {
-            eprintln!(
-                "note: {} checkpoint tensors unused: {}",
-                loaded.unused.len(),
-                loaded.unused.join(", ")
-            );
-        }
-        let model = loaded.model.with_kernel(self.kernel);
         model.check_tokens(&self.ids)?;
         let data: Vec<i64> = self.ids.iter().map(|&id| i64::from(id)).collect();
         let tokens =
@@ -102,15 +102,18 @@ fn write_output(path: &Path, ids: &[u32], logits: &[f32], vocab: usize) -> anyho
 /// Runs `ember logits`.
 pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
     let kernel: AttentionKernel = args.attention.parse()?;
-    let dir = ModelDir::open(&args.model)
+    let precision = args.quantize.precision()?;
+    let assets = ModelAssets::open(&args.model)
         .with_context(|| format!("opening model {}", args.model.display()))?;
     let ids = match (args.tokens, &args.prompt) {
         (Some(ids), _) => ids,
         (None, Some(prompt)) => {
-            let path = dir.tokenizer_path().with_context(|| {
-                format!("--prompt needs a tokenizer.json in {}", dir.dir.display())
+            let tokenizer = assets.tokenizer.as_ref().with_context(|| {
+                format!(
+                    "--prompt needs a tokenizer with the model {}",
+                    args.model.display()
+                )
             })?;
-            let tokenizer = ember_tokenizer::Tokenizer::from_path(&path)?;
             tokenizer.encode(prompt)?
         }
         (None, None) => bail!("give --tokens or --prompt"),
@@ -118,11 +121,12 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
     if ids.is_empty() {
         bail!("no tokens to run (empty --tokens or --prompt)");
     }
-    let vocab = dir.spec.vocab_size;
+    let vocab = assets.spec.vocab_size;
     let job = LogitsJob {
-        dir,
+        assets,
         ids: ids.clone(),
         kernel,
+        precision,
         quiet: ctx.quiet,
     };
     let logits = ctx.dispatch(None, job)??;

@@ -5,10 +5,12 @@ use clap::Subcommand;
 use crate::Context;
 
 pub mod bench;
+pub mod eval;
 pub mod generate;
 pub mod info;
 pub mod logits;
 pub mod plot;
+pub mod precision;
 pub mod prepare;
 pub mod tokenize;
 pub mod train;
@@ -29,6 +31,8 @@ pub enum Command {
     TrainTokenizer(train_tokenizer::Args),
     /// Tokenize documents into memory-mapped shards with a train/validation split.
     Prepare(prepare::Args),
+    /// Perplexity and bits per byte of a model on held-out text (f32 or quantized).
+    Eval(eval::Args),
     /// Run a forward pass and write the logits to a safetensors file.
     Logits(logits::Args),
     /// Print a model's spec, parameter count and memory by dtype.
@@ -46,6 +50,7 @@ pub fn run(command: Command, ctx: &Context) -> anyhow::Result<()> {
         Command::Tokenize(args) => tokenize::run(args, ctx),
         Command::TrainTokenizer(args) => train_tokenizer::run(args, ctx),
         Command::Prepare(args) => prepare::run(args, ctx),
+        Command::Eval(args) => eval::run(args, ctx),
         Command::Logits(args) => logits::run(args, ctx),
         Command::Info(args) => info::run(args, ctx),
         Command::Plot(args) => plot::run(args, ctx),

@@ -31,15 +31,30 @@ fn normal<const D: usize>(shape: [usize; D]) -> Tensor<B, D> {
 }
 
 /// The MLP up-projection of one decode token `[1, 576] x [576, 1536]` and of a 128-token prefill
-/// `[128, 576] x [576, 1536]`.
+/// `[128, 576] x [576, 1536]`: against a contiguous `[in, out]` weight, and against the transposed view of a
+/// PyTorch-layout `[out, in]` weight (how checkpoints store it), through `x · Wᵀ` and through `(W · xᵀ)ᵀ`.
 fn matmul(c: &mut Criterion) {
-    let w = normal([HIDDEN, MLP]);
+    let w_in_out = normal([HIDDEN, MLP]);
+    let w_out_in = normal([MLP, HIDDEN]);
     let mut group = c.benchmark_group("matmul");
     for rows in [1, 128] {
         let x = normal([rows, HIDDEN]);
         group.bench_function(
-            BenchmarkId::from_parameter(format!("{rows}x{HIDDEN}x{MLP}")),
-            |b| b.iter(|| black_box(x.clone().matmul(w.clone())).into_data()),
+            BenchmarkId::new("x·W[in,out]", format!("{rows}x{HIDDEN}x{MLP}")),
+            |b| b.iter(|| black_box(x.clone().matmul(w_in_out.clone())).into_data()),
+        );
+        group.bench_function(
+            BenchmarkId::new("x·W[out,in]ᵀ", format!("{rows}x{HIDDEN}x{MLP}")),
+            |b| b.iter(|| black_box(x.clone().matmul(w_out_in.clone().transpose())).into_data()),
+        );
+        group.bench_function(
+            BenchmarkId::new("(W[out,in]·xᵀ)ᵀ", format!("{rows}x{HIDDEN}x{MLP}")),
+            |b| {
+                b.iter(|| {
+                    black_box(w_out_in.clone().matmul(x.clone().transpose()).transpose())
+                        .into_data()
+                })
+            },
         );
     }
     group.finish();

@@ -196,6 +196,7 @@ mod tests {
             architecture: "llama".into(),
             parameters: 1,
             dtype: "f32".into(),
+            weight_bytes: 4,
         }
     }
 

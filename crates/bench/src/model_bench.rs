@@ -31,6 +31,7 @@ pub fn bench_model<B: AttentionBackend>(
         architecture: spec.architecture.clone(),
         parameters: spec.parameter_count(),
         dtype,
+        weight_bytes: model.weight_memory_bytes() as u64,
     };
     let lm = TransformerLm::new(model, device);
     let prompt = synthetic_prompt(settings.prompt_len, spec.vocab_size);

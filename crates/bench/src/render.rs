@@ -84,12 +84,13 @@ pub fn render_report(report: &Report) -> String {
         ReportBody::Model(m) => {
             let s = &m.settings;
             out.push_str(&format!(
-                "model: {} ({}, {} parameters, {})\nworkload: batch {}, prompt {} tokens, generate {} tokens, \
+                "model: {} ({}, {} parameters, {}, weights {:.1} MiB)\nworkload: batch {}, prompt {} tokens, generate {} tokens, \
                  attention {}, quantize {}, {} runs after {} warm-up\n",
                 m.model.name,
                 m.model.architecture,
                 m.model.parameters,
                 m.model.dtype,
+                m.model.weight_bytes as f64 / (1024.0 * 1024.0),
                 s.batch,
                 s.prompt_len,
                 s.gen_len,

@@ -71,6 +71,10 @@ pub struct ModelInfo {
     pub parameters: u64,
     /// Precision of the weights as run (`f32`, `int8`, ...).
     pub dtype: String,
+    /// Bytes the weights occupy on the device as run (codes and scales when quantized); 0 in reports written
+    /// before the field existed.
+    #[serde(default)]
+    pub weight_bytes: u64,
 }
 
 /// The workload of a generation bench.

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use ember_model::gguf::{self, GgufFile};
 use ember_model::weights::Progress;
-use ember_model::{AttentionBackend, ModelDir, ModelSpec, Transformer};
+use ember_model::{AttentionBackend, ModelDir, ModelSpec, Quantization, Transformer};
 use ember_tokenizer::Tokenizer;
 
 use crate::chat::ChatTemplate;
@@ -17,6 +17,38 @@ pub enum WeightsFile {
     Gguf(GgufFile),
     /// A Hugging Face model directory.
     Dir(ModelDir),
+}
+
+/// How a model's weights are held once loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    /// Every weight in f32 (GGUF blocks dequantized).
+    F32,
+    /// Quantized by ember after loading (see [`Quantization`]).
+    Quantized(Quantization),
+    /// A GGUF file's Q8_0 / Q4_0 / Q4_1 matrices kept as stored, bit for bit; other tensors in f32.
+    Stored,
+}
+
+impl Precision {
+    /// A short label for reports: `f32`, the scheme (`int4-g32`, with `+emb` / `,f32-head` when those
+    /// differ from the defaults), or `gguf`.
+    pub fn label(&self) -> String {
+        match self {
+            Precision::F32 => "f32".to_string(),
+            Precision::Stored => "gguf".to_string(),
+            Precision::Quantized(q) => {
+                let mut label = q.scheme.to_string();
+                if q.embeddings {
+                    label.push_str("+emb");
+                }
+                if !q.lm_head {
+                    label.push_str(",f32-head");
+                }
+                label
+            }
+        }
+    }
 }
 
 /// An opened model path: spec, tokenizer and chat template read, weights not yet loaded.
@@ -102,16 +134,41 @@ impl ModelAssets {
         })
     }
 
-    /// Loads the weights onto `device` (dequantizing GGUF tensors to f32).
+    /// Loads the weights onto `device` in f32 (dequantizing GGUF tensors).
     pub fn load<B: AttentionBackend>(
         &self,
         device: &B::Device,
         progress: Option<Progress<'_>>,
     ) -> Result<Transformer<B>, InferenceError> {
-        match &self.weights {
-            WeightsFile::Gguf(file) => gguf::llama::load(file, device, progress),
-            WeightsFile::Dir(dir) => dir.load(device, progress).map(|loaded| loaded.model),
+        self.load_as(device, progress, &Precision::F32)
+    }
+
+    /// Loads the weights onto `device` held as `precision` says.
+    pub fn load_as<B: AttentionBackend>(
+        &self,
+        device: &B::Device,
+        progress: Option<Progress<'_>>,
+        precision: &Precision,
+    ) -> Result<Transformer<B>, InferenceError> {
+        let err = |e: ember_model::ModelError| load_error(&self.path, e);
+        match (&self.weights, precision) {
+            (WeightsFile::Gguf(file), Precision::Stored) => {
+                gguf::llama::load_quantized(file, device, progress).map_err(err)
+            }
+            (WeightsFile::Dir(_), Precision::Stored) => Err(load_error(
+                &self.path,
+                "keeping the stored quantization needs a GGUF file; a model directory holds dense weights \
+                 (quantize them with a scheme such as int8 or int4 instead)",
+            )),
+            (WeightsFile::Gguf(file), _) => gguf::llama::load(file, device, progress).map_err(err),
+            (WeightsFile::Dir(dir), _) => dir
+                .load(device, progress)
+                .map(|loaded| loaded.model)
+                .map_err(err),
         }
-        .map_err(|e| load_error(&self.path, e))
+        .and_then(|model| match precision {
+            Precision::Quantized(q) => model.quantize(q).map_err(err),
+            Precision::F32 | Precision::Stored => Ok(model),
+        })
     }
 }

@@ -5,6 +5,7 @@
 //!   UTF-8 boundaries; [`Conversation`] keeps the cache between chat turns.
 //! - [`ModelAssets`]: a GGUF file or model directory opened with its tokenizer, template and EOS ids.
 //! - [`ChatTemplate`]: chat prompts from a model's Jinja template.
+//! - [`perplexity()`]: windowed loss, perplexity and bits per byte of held-out text.
 //! - [`LanguageModel`]: what generation needs from a model; [`TransformerLm`] implements it for ember's
 //!   transformer.
 
@@ -14,15 +15,17 @@ mod conversation;
 mod error;
 mod generate;
 mod model;
+mod perplexity;
 pub mod sampling;
 mod stop;
 mod transformer_lm;
 
-pub use assets::{ModelAssets, WeightsFile};
+pub use assets::{ModelAssets, Precision, WeightsFile};
 pub use chat::{ChatTemplate, Message};
 pub use conversation::Conversation;
 pub use error::InferenceError;
 pub use generate::{FinishReason, Generation, GenerationConfig, generate};
 pub use model::LanguageModel;
+pub use perplexity::{Perplexity, perplexity};
 pub use stop::{StopMatcher, StopStep};
 pub use transformer_lm::{TransformerLm, TransformerState};

@@ -109,11 +109,9 @@ impl<B: AttentionBackend> LanguageModel for TransformerLm<B> {
                 key_padding: None,
             }
         };
-        let logits = self.model.forward_with(tokens, step).map_err(model_error)?;
-        let [_, _, vocab] = logits.dims();
+        let logits = self.model.forward_last(tokens, step).map_err(model_error)?;
+        let [_, vocab] = logits.dims();
         let last: Vec<f32> = logits
-            .slice([0..batch, seq - 1..seq, 0..vocab])
-            .reshape([batch, vocab])
             .into_data()
             .convert::<f32>()
             .into_vec()

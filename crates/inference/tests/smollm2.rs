@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 use burn::backend::Flex;
 use ember_inference::sampling::SamplingConfig;
 use ember_inference::{
-    GenerationConfig, LanguageModel, Message, ModelAssets, TransformerLm, generate,
+    GenerationConfig, LanguageModel, Message, ModelAssets, Precision, TransformerLm, generate,
 };
 use ember_model::gguf::GgufFile;
+use ember_model::nn::Embedding;
 use serde_json::Value;
 
 fn gguf_path() -> Option<PathBuf> {
@@ -97,6 +98,55 @@ fn smollm2_logits_and_greedy_ids_match_transformers() {
     assert!(worst < 1e-2, "max |logit - transformers| = {worst}");
 
     // Greedy continuation, stopped at <|im_end|> (id 2) like transformers' generate.
+    let config = GenerationConfig {
+        max_new_tokens: ids(&want["greedy_ids"]).len(),
+        sampling: SamplingConfig::greedy(),
+        eos: vec![2],
+        ..GenerationConfig::default()
+    };
+    let out = generate(&lm, None, &[chat_ids], &config, &mut |_, _| {})
+        .unwrap()
+        .remove(0);
+    assert_eq!(out.ids, ids(&want["greedy_ids"]));
+}
+
+/// `--quantize gguf`: the Q4_1 projections and the Q8_0 embedding/tied head stay quantized on the device, block
+/// for block. Their dequantized values are ggml's exactly, so the logits equal transformers' dequantized fp32
+/// run up to summation order (the same 1e-2 bound as the f32 load; the tiled quantized matmul adds only its own
+/// partial-sum order), the greedy answer is unchanged, and the weights take a fraction of the f32 memory.
+#[test]
+fn smollm2_keeps_its_gguf_quantization_with_the_same_answers() {
+    let Some(path) = gguf_path() else { return };
+    let want = fixture();
+    let chat_ids = ids(&want["chat_ids"]);
+    let assets = ModelAssets::open(&path).unwrap();
+    let device = Default::default();
+    let model = assets
+        .load_as::<Flex>(&device, None, &Precision::Stored)
+        .unwrap();
+    assert!(model.layers[0].attn.q.is_quantized() && model.layers[29].mlp.down.is_quantized());
+    assert!(matches!(model.embed, Embedding::Quantized(_)) && model.lm_head.is_none());
+    let bytes = model.weight_memory_bytes();
+    let f32_bytes = 4 * model.spec().parameter_count() as usize;
+    // Q4_1 holds 32 weights in 24 bytes (codes + f32 scale and min here, f16 in the file) and Q8_0 in 36.
+    assert!(bytes * 4 < f32_bytes, "{bytes} of {f32_bytes}");
+
+    let lm = TransformerLm::new(model, device);
+    let mut state = lm.new_state(1).unwrap();
+    let logits = lm
+        .step(
+            &mut state,
+            std::slice::from_ref(&chat_ids),
+            &[vec![false; chat_ids.len()]],
+        )
+        .unwrap()
+        .remove(0);
+    let worst = ids(&want["logit_ids"])
+        .iter()
+        .zip(want["logits"].as_array().unwrap())
+        .map(|(id, r)| (f64::from(logits[*id as usize]) - r.as_f64().unwrap()).abs())
+        .fold(0.0, f64::max);
+    assert!(worst < 1e-2, "max |logit - transformers| = {worst}");
     let config = GenerationConfig {
         max_new_tokens: ids(&want["greedy_ids"]).len(),
         sampling: SamplingConfig::greedy(),

@@ -86,6 +86,18 @@ pub enum ModelError {
     /// The attention kernel or the KV cache rejected its inputs (e.g. a cache holding another batch size).
     #[error("attention: {0}")]
     Attention(String),
+    /// A weight could not be quantized (e.g. it holds a NaN), or quantized GGUF blocks did not fit the layer.
+    #[error("quantizing `{tensor}`: {message}")]
+    Quantization {
+        /// Canonical name of the tensor.
+        tensor: String,
+        /// What the quantizer reported.
+        message: String,
+    },
+    /// A GGUF file is malformed, lacks a key, or holds a tensor type ember cannot read (the message names the
+    /// file and the key or tensor).
+    #[error(transparent)]
+    Gguf(#[from] crate::gguf::GgufError),
     /// The family can read this spec but cannot write it back in its own config format.
     #[error("cannot save as `{architecture}`: {reason}")]
     Unsaveable {

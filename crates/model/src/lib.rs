@@ -6,6 +6,7 @@ pub mod error;
 pub mod gguf;
 mod load;
 pub mod nn;
+mod quantize;
 mod save;
 pub mod spec;
 pub mod tensors;
@@ -13,8 +14,10 @@ mod transformer;
 pub mod weights;
 
 pub use ember_attention::{AttentionBackend, AttentionKernel, RopeConfig, RopeLayout, RopeScaling};
+pub use ember_optimization::QuantScheme;
 pub use error::{ModelError, Result};
 pub use load::{Loaded, ModelDir, load};
+pub use quantize::Quantization;
 pub use save::save;
 pub use spec::{Activation, Biases, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
 pub use transformer::{Step, Transformer};

@@ -4,14 +4,13 @@ use std::collections::HashMap;
 
 use burn::module::{Module, Param};
 use burn::tensor::backend::Backend;
-use burn::tensor::{
-    Bool, ElementConversion, Int, Tensor, TensorData, module::embedding, module::linear,
-};
+use burn::tensor::{Bool, ElementConversion, Int, Tensor, TensorData, module::embedding};
 use ember_attention::{AttentionBackend, AttentionKernel, KvCache, Rope};
+use ember_optimization::QuantizedLinear;
 
 use crate::error::{ModelError, Result};
 use crate::nn::attention::Positions as At;
-use crate::nn::{Block, Linear, Mlp, Norm, SelfAttention};
+use crate::nn::{Block, Embedding, Linear, Mlp, Norm, SelfAttention};
 use crate::spec::{ModelSpec, Positions};
 use crate::tensors::{EMBED, FINAL_NORM, LM_HEAD, POS_EMBED, TensorSpec, layer_name};
 use crate::weights::{Progress, RandomInit, WeightSource};
@@ -20,7 +19,7 @@ use crate::weights::{Progress, RandomInit, WeightSource};
 #[derive(Module, Debug)]
 pub struct Transformer<B: Backend> {
     /// Token embeddings `[vocab, hidden]` (also the LM head when tied).
-    pub embed: Param<Tensor<B, 2>>,
+    pub embed: Embedding<B>,
     /// Learned positions `[context_length, hidden]` (GPT-2, GPT-Neo).
     pub pos_embed: Option<Param<Tensor<B, 2>>>,
     /// The blocks.
@@ -84,11 +83,49 @@ impl<B: AttentionBackend> Builder<'_, '_, B> {
             .ok_or_else(|| ModelError::InvalidSpec(format!("the spec has no tensor `{name}`")))
     }
 
-    fn linear(&mut self, prefix: &str) -> Result<Linear<B>> {
-        Ok(Linear {
-            weight: self.required(&format!("{prefix}.weight"))?,
-            bias: self.optional(&format!("{prefix}.bias"))?,
+    /// Matrix `name` uploaded quantized with `bias`, when the source holds it quantized.
+    fn quantized(
+        &mut self,
+        name: &str,
+        bias: impl FnOnce(&mut Self) -> Result<Option<Param<Tensor<B, 1>>>>,
+    ) -> Result<Option<QuantizedLinear<B>>> {
+        let Some(spec) = self.expected.get(name) else {
+            return Ok(None);
+        };
+        let Some(weight) = self.source.take_quantized(spec)? else {
+            return Ok(None);
+        };
+        self.done += 1;
+        if let Some(progress) = self.progress.as_mut() {
+            progress(self.done, self.expected.len(), name);
+        }
+        let bias = bias(self)?.map(|b| b.val());
+        QuantizedLinear::new(&weight, bias, self.device)
+            .map(Some)
+            .map_err(|e| ModelError::Quantization {
+                tensor: name.to_string(),
+                message: e.to_string(),
+            })
+    }
+
+    fn embedding(&mut self) -> Result<Embedding<B>> {
+        Ok(match self.quantized(EMBED, |_| Ok(None))? {
+            Some(table) => Embedding::Quantized(table),
+            None => Embedding::Dense(self.required(EMBED)?),
         })
+    }
+
+    fn linear(&mut self, prefix: &str) -> Result<Linear<B>> {
+        let bias_name = format!("{prefix}.bias");
+        if let Some(layer) =
+            self.quantized(&format!("{prefix}.weight"), |b| b.optional(&bias_name))?
+        {
+            return Ok(Linear::Quantized(layer));
+        }
+        Ok(Linear::dense(
+            self.required(&format!("{prefix}.weight"))?,
+            self.optional(&format!("{prefix}.bias"))?,
+        ))
     }
 
     fn norm(&mut self, prefix: &str, spec: &ModelSpec) -> Result<Norm<B>> {
@@ -174,15 +211,18 @@ impl<B: AttentionBackend> Transformer<B> {
             done: 0,
             progress,
         };
-        let embed = b.required(EMBED)?;
+        let embed = b.embedding()?;
         let pos_embed = b.optional(POS_EMBED)?;
         let layers = (0..spec.num_layers)
             .map(|layer| b.block(layer, spec))
             .collect::<Result<Vec<_>>>()?;
         let final_norm = b.norm(FINAL_NORM, spec)?;
-        let lm_head = b
-            .optional(LM_HEAD)?
-            .map(|weight| Linear { weight, bias: None });
+        let lm_head = match b.quantized(LM_HEAD, |_| Ok(None))? {
+            Some(head) => Some(Linear::Quantized(head)),
+            None => b
+                .optional(LM_HEAD)?
+                .map(|weight| Linear::dense(weight, None)),
+        };
         Ok(Transformer {
             embed,
             pos_embed,
@@ -203,6 +243,11 @@ impl<B: AttentionBackend> Transformer<B> {
             device,
             None,
         )
+    }
+
+    /// The device the model's weights live on.
+    pub fn device(&self) -> B::Device {
+        self.embed.device()
     }
 
     /// The spec this model was built from.
@@ -235,10 +280,29 @@ impl<B: AttentionBackend> Transformer<B> {
         step: Step<'_, B>,
     ) -> Result<Tensor<B, 3>> {
         let hidden = self.hidden_states(tokens, step)?;
-        Ok(match &self.lm_head {
+        Ok(self.head(hidden))
+    }
+
+    /// Logits `[batch, vocab]` of the last position only, continuing from `step.cache` if given: what generation
+    /// needs, without running the LM head over every prompt position.
+    pub fn forward_last(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        step: Step<'_, B>,
+    ) -> Result<Tensor<B, 2>> {
+        let hidden = self.hidden_states(tokens, step)?;
+        let [batch, seq, width] = hidden.dims();
+        Ok(self
+            .head(hidden.slice([0..batch, seq - 1..seq, 0..width]))
+            .reshape([batch, self.spec.vocab_size]))
+    }
+
+    /// The LM head applied to hidden states `[batch, seq, hidden]`.
+    fn head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        match &self.lm_head {
             Some(head) => head.forward(hidden),
-            None => linear(hidden, self.embed.val().transpose(), None),
-        })
+            None => self.embed.project(hidden),
+        }
     }
 
     /// The final-normed hidden states `[batch, seq, hidden]` (what the LM head reads).
@@ -255,7 +319,7 @@ impl<B: AttentionBackend> Transformer<B> {
         let [_, seq] = tokens.dims();
         let device = tokens.device();
         let offset = cache.as_ref().map_or(0, |c| c.len());
-        let mut x = embedding(self.embed.val(), tokens);
+        let mut x = self.embed.lookup(tokens);
         if let Some(table) = &self.pos_embed {
             let end = match &positions {
                 Some(p) => {
@@ -318,8 +382,8 @@ impl<B: AttentionBackend> Transformer<B> {
         let data1 = |p: &Param<Tensor<B, 1>>| p.val().into_data();
         let data2 = |p: &Param<Tensor<B, 2>>| p.val().into_data();
         let linear = |l: &Linear<B>, param: &str| match param {
-            "weight" => Some(data2(&l.weight)),
-            "bias" => l.bias.as_ref().map(data1),
+            "weight" => Some(l.weight_data()),
+            "bias" => l.bias_data(),
             _ => None,
         };
         let norm = |n: &Norm<B>, param: &str| match param {
@@ -328,9 +392,9 @@ impl<B: AttentionBackend> Transformer<B> {
             _ => None,
         };
         match name {
-            EMBED => return Some(data2(&self.embed)),
+            EMBED => return Some(self.embed.data()),
             POS_EMBED => return self.pos_embed.as_ref().map(data2),
-            LM_HEAD => return self.lm_head.as_ref().map(|h| data2(&h.weight)),
+            LM_HEAD => return self.lm_head.as_ref().map(Linear::weight_data),
             _ => {}
         }
         if let Some(param) = name.strip_prefix("final_norm.") {

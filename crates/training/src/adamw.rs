@@ -18,7 +18,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
 use crate::TrainError;
-use crate::params::{Gradients, to_f32_vec};
+use crate::params::{Gradients, PathStack, to_f32_vec};
 use crate::tensor_file::{self, Array};
 
 /// Which parameters receive weight decay.
@@ -120,7 +120,7 @@ impl<B: Backend> AdamW<B> {
             optimizer: self,
             grads,
             lr,
-            path: Vec::new(),
+            path: PathStack::default(),
         };
         module.map(&mut mapper)
     }
@@ -226,21 +226,21 @@ struct Updater<'a, AB: AutodiffBackend> {
     optimizer: &'a mut AdamW<AB::InnerBackend>,
     grads: &'a Gradients<AB::InnerBackend>,
     lr: f64,
-    path: Vec<String>,
+    path: PathStack,
 }
 
 impl<AB: AutodiffBackend> ModuleMapper<AB> for Updater<'_, AB> {
-    fn enter_module(&mut self, name: &str, _: &str) {
-        self.path.push(name.to_string());
+    fn enter_module(&mut self, name: &str, container: &str) {
+        self.path.enter(name, container);
     }
 
-    fn exit_module(&mut self, _: &str, _: &str) {
-        self.path.pop();
+    fn exit_module(&mut self, _: &str, container: &str) {
+        self.path.exit(container);
     }
 
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
         let (id, tensor, mapper) = param.consume();
-        let name = self.path.join(".");
+        let name = self.path.current();
         let Some(grad) = self.grads.get(&name) else {
             return Param::from_mapped_value(id, tensor, mapper);
         };

@@ -43,7 +43,7 @@ impl<B: AttentionBackend> ModelStore<Transformer<B>> for HfModelStore {
     }
 
     fn load(&self, model: Transformer<B>, dir: &Path) -> Result<Transformer<B>, BoxError> {
-        let device = model.embed.val().device();
+        let device = model.device();
         let loaded = ModelDir::open(dir)?.load::<B>(&device, None)?.model;
         if loaded.spec() != model.spec() {
             return Err(format!(

@@ -14,19 +14,26 @@ use crate::TrainError;
 use crate::tensor_file::{self, Array};
 
 /// The dotted path of the parameter being visited, maintained from `enter_module`/`exit_module` calls.
+///
+/// The variant level burn reports for enum modules (a model's `Linear::Dense`) is left out, so a parameter's
+/// path names what it is (`layers.0.attn.q.weight`), not how its layer is stored.
 #[derive(Default)]
-struct PathStack(Vec<String>);
+pub(crate) struct PathStack(Vec<String>);
 
 impl PathStack {
-    fn enter(&mut self, name: &str) {
-        self.0.push(name.to_string());
+    pub(crate) fn enter(&mut self, name: &str, container: &str) {
+        if !container.starts_with("Enum:") {
+            self.0.push(name.to_string());
+        }
     }
 
-    fn exit(&mut self) {
-        self.0.pop();
+    pub(crate) fn exit(&mut self, container: &str) {
+        if !container.starts_with("Enum:") {
+            self.0.pop();
+        }
     }
 
-    fn current(&self) -> String {
+    pub(crate) fn current(&self) -> String {
         self.0.join(".")
     }
 }
@@ -44,11 +51,11 @@ pub struct ParamInfo {
 pub fn parameters<B: Backend, M: Module<B>>(module: &M) -> Vec<ParamInfo> {
     struct Lister(PathStack, Vec<ParamInfo>);
     impl<B: Backend> ModuleVisitor<B> for Lister {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.0.enter(name);
+        fn enter_module(&mut self, name: &str, container: &str) {
+            self.0.enter(name, container);
         }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.0.exit();
+        fn exit_module(&mut self, _: &str, container: &str) {
+            self.0.exit(container);
         }
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             self.1.push(ParamInfo {
@@ -82,11 +89,11 @@ impl<B: Backend> Gradients<B> {
             out: BTreeMap<String, Tensor<AB::InnerBackend, 1>>,
         }
         impl<AB: AutodiffBackend> ModuleVisitor<AB> for Taker<'_, AB> {
-            fn enter_module(&mut self, name: &str, _: &str) {
-                self.path.enter(name);
+            fn enter_module(&mut self, name: &str, container: &str) {
+                self.path.enter(name, container);
             }
-            fn exit_module(&mut self, _: &str, _: &str) {
-                self.path.exit();
+            fn exit_module(&mut self, _: &str, container: &str) {
+                self.path.exit(container);
             }
             fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<AB, D>>) {
                 if let Some(grad) = param.val().grad_remove(self.grads) {
@@ -204,11 +211,11 @@ pub fn save_parameters<B: Backend, M: Module<B>>(
 ) -> Result<(), TrainError> {
     struct Collector(PathStack, BTreeMap<String, Array>);
     impl<B: Backend> ModuleVisitor<B> for Collector {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.0.enter(name);
+        fn enter_module(&mut self, name: &str, container: &str) {
+            self.0.enter(name, container);
         }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.0.exit();
+        fn exit_module(&mut self, _: &str, container: &str) {
+            self.0.exit(container);
         }
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             let value = param.val();
@@ -237,11 +244,11 @@ pub fn load_parameters<B: Backend, M: Module<B>>(module: M, path: &Path) -> Resu
         error: Option<TrainError>,
     }
     impl<B: Backend> ModuleMapper<B> for Loader {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.path.enter(name);
+        fn enter_module(&mut self, name: &str, container: &str) {
+            self.path.enter(name, container);
         }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.path.exit();
+        fn exit_module(&mut self, _: &str, container: &str) {
+            self.path.exit(container);
         }
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
             let (id, tensor, mapper) = param.consume();

@@ -40,6 +40,7 @@ pub fn model_report(ttft_ms: f64, decode_tokens_per_s: f64, peak_memory_bytes: u
             architecture: "llama".into(),
             parameters: 134_515_008,
             dtype: "f32".into(),
+            weight_bytes: 4 * 134_515_008,
         },
         settings: ModelSettings {
             batch: 1,

@@ -8,9 +8,10 @@
 
 use std::path::Path;
 
+use ember_optimization::QuantizedWeight;
 use serde_json::{Value, json};
 
-use super::{GgufError, GgufFile};
+use super::{GgmlType, GgufError, GgufFile};
 use crate::spec::ModelSpec;
 
 /// GGUF tensor holding the token embedding `[vocab, hidden]`.
@@ -86,10 +87,7 @@ pub fn hf_config(file: &GgufFile) -> Result<Value, GgufError> {
 
 /// The [`ModelSpec`] of a `llama` GGUF file, validated like any Hugging Face config.
 pub fn llama_spec(file: &GgufFile) -> crate::Result<ModelSpec> {
-    let config = hf_config(file).map_err(|e| crate::ModelError::Config {
-        path: file.path().to_path_buf(),
-        message: e.to_string(),
-    })?;
+    let config = hf_config(file)?;
     let (_, spec) = crate::arch::parse_config_value(&config, file.path())?;
     Ok(spec)
 }
@@ -122,11 +120,13 @@ pub fn gguf_name(spec: &ModelSpec, canonical: &str) -> Option<(String, Option<us
 
 /// Undoes llama.cpp's query/key row permutation of a row-major `[heads * head_dim, cols]` matrix: GGUF row
 /// `h*d + 2i + j` becomes row `h*d + j*(d/2) + i` (`j` in 0..2, `i` in 0..d/2).
-pub fn unpermute_rows(data: &[f32], heads: usize, cols: usize) -> Vec<f32> {
+///
+/// Generic over the element so that quantized rows (packed codes, per-group scales) move the same way.
+pub fn unpermute_rows<T: Copy + Default>(data: &[T], heads: usize, cols: usize) -> Vec<T> {
     let rows = data.len() / cols.max(1);
     let head_dim = rows / heads.max(1);
     let half = head_dim / 2;
-    let mut out = vec![0.0; data.len()];
+    let mut out = vec![T::default(); data.len()];
     for h in 0..heads {
         for i in 0..half {
             for j in 0..2 {
@@ -154,24 +154,32 @@ pub fn is_gguf(path: &Path) -> bool {
 pub struct GgufSource<'a> {
     file: &'a GgufFile,
     spec: &'a ModelSpec,
+    keep_quantized: bool,
 }
 
 impl<'a> GgufSource<'a> {
     /// A source over `file` for a model of `spec` (from [`llama_spec`]).
     pub fn new(file: &'a GgufFile, spec: &'a ModelSpec) -> Self {
-        Self { file, spec }
+        Self {
+            file,
+            spec,
+            keep_quantized: false,
+        }
     }
-}
 
-fn model_error(file: &GgufFile, e: GgufError) -> crate::ModelError {
-    crate::ModelError::Config {
-        path: file.path().to_path_buf(),
-        message: e.to_string(),
+    /// Hands Q8_0, Q4_0 and Q4_1 matrices over as quantized weights, block for block (see
+    /// [`WeightSource::take_quantized`](crate::weights::WeightSource::take_quantized)).
+    pub fn keep_quantized(mut self) -> Self {
+        self.keep_quantized = true;
+        self
     }
-}
 
-impl crate::weights::WeightSource for GgufSource<'_> {
-    fn take(&mut self, tensor: &crate::tensors::TensorSpec) -> crate::Result<Vec<f32>> {
+    /// The GGUF tensor behind canonical `tensor`, with its shape checked, and the query/key head count to
+    /// un-permute by.
+    fn locate(
+        &self,
+        tensor: &crate::tensors::TensorSpec,
+    ) -> crate::Result<(&super::TensorInfo, Option<usize>)> {
         let (name, permuted_heads) =
             gguf_name(self.spec, &tensor.name).ok_or_else(|| crate::ModelError::MissingTensor {
                 name: tensor.name.clone(),
@@ -193,13 +201,55 @@ impl crate::weights::WeightSource for GgufSource<'_> {
                 found: info.shape(),
             });
         }
-        let (_, values) = self
-            .file
-            .tensor_f32(&name)
-            .map_err(|e| model_error(self.file, e))?;
+        Ok((info, permuted_heads))
+    }
+}
+
+impl crate::weights::WeightSource for GgufSource<'_> {
+    fn take(&mut self, tensor: &crate::tensors::TensorSpec) -> crate::Result<Vec<f32>> {
+        let (info, permuted_heads) = self.locate(tensor)?;
+        let (_, values) = self.file.tensor_f32(&info.name)?;
         Ok(match permuted_heads {
             Some(heads) => unpermute_rows(&values, heads, tensor.shape[1]),
             None => values,
+        })
+    }
+
+    fn take_quantized(
+        &mut self,
+        tensor: &crate::tensors::TensorSpec,
+    ) -> crate::Result<Option<QuantizedWeight>> {
+        if !self.keep_quantized || tensor.shape.len() != 2 {
+            return Ok(None);
+        }
+        let (info, permuted_heads) = self.locate(tensor)?;
+        let shape = [tensor.shape[0], tensor.shape[1]];
+        let bytes = self.file.tensor_bytes(&info.name)?;
+        let weight = match info.ggml_type {
+            GgmlType::Q8_0 => QuantizedWeight::from_gguf_q8_0(bytes, shape),
+            GgmlType::Q4_0 => QuantizedWeight::from_gguf_q4_0(bytes, shape),
+            GgmlType::Q4_1 => QuantizedWeight::from_gguf_q4_1(bytes, shape),
+            _ => return Ok(None),
+        }
+        .map_err(|e| crate::ModelError::Quantization {
+            tensor: info.name.clone(),
+            message: e.to_string(),
+        })?;
+        let Some(heads) = permuted_heads else {
+            return Ok(Some(weight));
+        };
+        let rows = |data: &[f32]| unpermute_rows(data, heads, weight.groups_per_row());
+        QuantizedWeight::from_parts(
+            weight.scheme(),
+            shape,
+            unpermute_rows(weight.packed_codes(), heads, weight.row_bytes()),
+            rows(weight.scales()),
+            weight.mins().map(rows),
+        )
+        .map(Some)
+        .map_err(|e| crate::ModelError::Quantization {
+            tensor: info.name.clone(),
+            message: e.to_string(),
         })
     }
 }
@@ -212,4 +262,16 @@ pub fn load<B: crate::AttentionBackend>(
 ) -> crate::Result<crate::Transformer<B>> {
     let spec = llama_spec(file)?;
     crate::Transformer::from_source(&spec, &mut GgufSource::new(file, &spec), device, progress)
+}
+
+/// Loads a `llama` GGUF model onto `device` keeping its Q8_0, Q4_0 and Q4_1 matrices quantized exactly as
+/// stored (the dequantized values are bit-identical to ggml's); tensors of other types load as f32.
+pub fn load_quantized<B: crate::AttentionBackend>(
+    file: &GgufFile,
+    device: &B::Device,
+    progress: Option<crate::weights::Progress<'_>>,
+) -> crate::Result<crate::Transformer<B>> {
+    let spec = llama_spec(file)?;
+    let mut source = GgufSource::new(file, &spec).keep_quantized();
+    crate::Transformer::from_source(&spec, &mut source, device, progress)
 }

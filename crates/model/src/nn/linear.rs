@@ -1,24 +1,118 @@
-//! A linear layer in PyTorch's weight layout, so checkpoints load and save without transposing.
+//! Linear layers in PyTorch's weight layout (so checkpoints load and save without transposing), dense or
+//! quantized.
 
 use burn::module::{Module, Param};
-use burn::tensor::{Tensor, backend::Backend, module::linear};
+use burn::tensor::{Tensor, TensorData, backend::Backend, module::linear};
+use ember_optimization::{QuantScheme, QuantizedLinear};
 
-/// `y = x · Wᵀ + b` with `W` `[out, in]`.
+use crate::error::{ModelError, Result};
+
+/// `y = x · Wᵀ + b` with an f32 `W` `[out, in]`.
 #[derive(Module, Debug)]
-pub struct Linear<B: Backend> {
+pub struct DenseLinear<B: Backend> {
     /// `[out, in]`.
     pub weight: Param<Tensor<B, 2>>,
     /// `[out]`.
     pub bias: Option<Param<Tensor<B, 1>>>,
 }
 
-impl<B: Backend> Linear<B> {
+impl<B: Backend> DenseLinear<B> {
     /// Applies the layer to `x` `[..., in]`, giving `[..., out]`.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        linear(
-            x,
-            self.weight.val().transpose(),
-            self.bias.as_ref().map(Param::val),
-        )
+        project(x, self.weight.val(), self.bias.as_ref().map(Param::val))
+    }
+}
+
+/// `x · Wᵀ + b` for `x` `[..., in]` and a PyTorch-layout `W` `[out, in]`.
+///
+/// The leading dimensions are flattened into one matrix first: multiplying a rank-3 `x` by the rank-2 transposed
+/// view makes backends broadcast the weight to rank 3, and burn-flex then copies the whole strided weight to a
+/// contiguous buffer on every call (measured: 74% of a SmolLM2 decode step). A rank-2 product reads the view in
+/// place.
+pub(crate) fn project<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+) -> Tensor<B, D> {
+    let mut dims = x.dims();
+    let [out, inputs] = weight.dims();
+    let rows = dims[..D - 1].iter().product::<usize>();
+    let y = linear(x.reshape([rows, inputs]), weight.transpose(), bias);
+    dims[D - 1] = out;
+    y.reshape(dims)
+}
+
+/// A linear layer of the model: dense (trainable) or with its weight quantized (inference only).
+#[derive(Module, Debug)]
+pub enum Linear<B: Backend> {
+    /// f32 weight.
+    Dense(DenseLinear<B>),
+    /// INT8/INT4 weight dequantized tile by tile in the matmul (see [`QuantizedLinear`]).
+    Quantized(QuantizedLinear<B>),
+}
+
+impl<B: Backend> Linear<B> {
+    /// A dense layer from its parameters.
+    pub fn dense(weight: Param<Tensor<B, 2>>, bias: Option<Param<Tensor<B, 1>>>) -> Self {
+        Linear::Dense(DenseLinear { weight, bias })
+    }
+
+    /// Applies the layer to `x` `[..., in]`, giving `[..., out]`.
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        match self {
+            Linear::Dense(dense) => dense.forward(x),
+            Linear::Quantized(quantized) => quantized.forward(x),
+        }
+    }
+
+    /// The same layer with its weight quantized with `scheme` (the bias stays f32). Already quantized layers
+    /// are returned unchanged.
+    pub fn quantize(self, scheme: QuantScheme, name: &str) -> Result<Self> {
+        match self {
+            Linear::Dense(DenseLinear { weight, bias }) => {
+                QuantizedLinear::quantize(weight.val(), bias.map(|b| b.val()), scheme)
+                    .map(Linear::Quantized)
+                    .map_err(|e| ModelError::Quantization {
+                        tensor: name.to_string(),
+                        message: e.to_string(),
+                    })
+            }
+            quantized @ Linear::Quantized(_) => Ok(quantized),
+        }
+    }
+
+    /// The weight `[out, in]` as f32 (dequantized if quantized), e.g. to save it.
+    pub fn weight_data(&self) -> TensorData {
+        match self {
+            Linear::Dense(dense) => dense.weight.val().into_data(),
+            Linear::Quantized(quantized) => quantized.dequantize().into_data(),
+        }
+    }
+
+    /// The bias `[out]`, if any.
+    pub fn bias_data(&self) -> Option<TensorData> {
+        match self {
+            Linear::Dense(dense) => dense.bias.as_ref().map(|b| b.val().into_data()),
+            Linear::Quantized(quantized) => quantized.bias().map(|b| b.clone().into_data()),
+        }
+    }
+
+    /// Bytes the weight and bias occupy on the device.
+    pub fn memory_bytes(&self) -> usize {
+        match self {
+            Linear::Dense(dense) => {
+                4 * (dense.weight.val().shape().num_elements()
+                    + dense
+                        .bias
+                        .as_ref()
+                        .map_or(0, |b| b.val().shape().num_elements()))
+            }
+            Linear::Quantized(quantized) => quantized.memory_bytes(),
+        }
+    }
+
+    /// Whether the weight is quantized.
+    pub fn is_quantized(&self) -> bool {
+        matches!(self, Linear::Quantized(_))
     }
 }

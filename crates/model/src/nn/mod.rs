@@ -2,12 +2,14 @@
 
 pub(crate) mod attention;
 mod block;
+mod embedding;
 mod linear;
 mod mlp;
 mod norm;
 
 pub use attention::SelfAttention;
 pub use block::Block;
-pub use linear::Linear;
+pub use embedding::Embedding;
+pub use linear::{DenseLinear, Linear};
 pub use mlp::Mlp;
 pub use norm::Norm;

@@ -1,0 +1,189 @@
+//! `ember eval`: perplexity and bits per byte of a model on held-out text, e.g. to measure what quantization
+//! costs.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context as _, bail};
+use ember_inference::{ModelAssets, Precision, perplexity};
+use ember_model::{AttentionBackend, AttentionKernel};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::Context;
+use crate::backend::BackendJob;
+use crate::commands::precision::QuantizeArgs;
+
+/// Flags of `ember eval`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Hugging Face model directory (with tokenizer.json) or GGUF file [required].
+    #[arg(long)]
+    pub model: PathBuf,
+    /// UTF-8 text to score [default: data/tinyshakespeare.txt].
+    #[arg(long, default_value = "data/tinyshakespeare.txt")]
+    pub text: PathBuf,
+    /// Score only this last fraction of the text, from the first line start inside it: the text analogue of
+    /// `ember prepare`'s contiguous-tail validation split, comparable across tokenizers; 1 scores everything
+    /// [default: 0.1].
+    #[arg(long, default_value_t = 0.1)]
+    pub tail: f64,
+    /// Tokens per scoring window (each window's first token is context only) [default: 256, at most the
+    /// model's context length].
+    #[arg(long, default_value_t = 256)]
+    pub window: usize,
+    /// Windows per forward pass [default: 4].
+    #[arg(long, default_value_t = 4)]
+    pub batch: usize,
+    /// Score at most this many tokens from the start of the tail [default: all].
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
+    /// Attention kernel: manual, fused or flash [default: flash].
+    #[arg(long, default_value = "flash")]
+    pub attention: String,
+    #[command(flatten)]
+    pub quantize: QuantizeArgs,
+    /// Print one JSON object instead of text [default: off].
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The part of `text` that `tail` selects: from the first line start at or after byte `len * (1 - tail)`.
+fn tail_of(text: &str, tail: f64) -> &str {
+    if tail >= 1.0 {
+        return text;
+    }
+    let cut = ((text.len() as f64) * (1.0 - tail)) as usize;
+    let start = text
+        .char_indices()
+        .map(|(i, _)| i)
+        .find(|&i| i >= cut && (i == 0 || text.as_bytes()[i - 1] == b'\n'))
+        .unwrap_or(text.len());
+    &text[start..]
+}
+
+struct EvalJob {
+    assets: ModelAssets,
+    ids: Vec<u32>,
+    bytes: usize,
+    args: Args,
+    precision: Precision,
+    quiet: bool,
+}
+
+impl BackendJob for EvalJob {
+    type Output = anyhow::Result<serde_json::Value>;
+
+    fn run<B: AttentionBackend>(self, device: B::Device) -> Self::Output {
+        let kernel: AttentionKernel = self.args.attention.parse()?;
+        let model = self
+            .assets
+            .load_as::<B>(&device, None, &self.precision)?
+            .with_kernel(kernel);
+        let window = self.args.window.min(model.spec().context_length);
+        let bar = if self.quiet {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::new(0)
+        };
+        bar.set_style(ProgressStyle::with_template(
+            "scoring {bar:30} {pos}/{len} windows {elapsed}",
+        )?);
+        let start = Instant::now();
+        let result = perplexity(&model, &self.ids, window, self.args.batch, |done, total| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        })?;
+        bar.finish_and_clear();
+        Ok(serde_json::json!({
+            "model": self.args.model.display().to_string(),
+            "text": self.args.text.display().to_string(),
+            "tail": self.args.tail,
+            "precision": self.precision.label(),
+            "weight_bytes": model.weight_memory_bytes(),
+            "window": window,
+            "tokens": self.ids.len(),
+            "scored_tokens": result.tokens,
+            "bytes": self.bytes,
+            "loss": result.mean_nll(),
+            "perplexity": result.perplexity(),
+            "bits_per_byte": result.bits_per_byte(self.bytes),
+            "seconds": start.elapsed().as_secs_f64(),
+        }))
+    }
+}
+
+/// Runs `ember eval`.
+pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
+    if !(args.tail > 0.0 && args.tail <= 1.0) {
+        bail!("--tail {}: expected a fraction in (0, 1]", args.tail);
+    }
+    let precision = args.quantize.precision()?;
+    let assets = ModelAssets::open(&args.model)
+        .with_context(|| format!("opening model {}", args.model.display()))?;
+    let tokenizer = assets
+        .tokenizer
+        .as_ref()
+        .with_context(|| format!("{}: eval needs the model's tokenizer", args.model.display()))?;
+    let text = std::fs::read_to_string(&args.text)
+        .with_context(|| format!("reading --text {}", args.text.display()))?;
+    let text = tail_of(&text, args.tail);
+    let mut ids = tokenizer.encode(text)?;
+    if let Some(max) = args.max_tokens {
+        ids.truncate(max);
+    }
+    if ids.len() < 2 {
+        bail!(
+            "{}: the selected text has fewer than 2 tokens",
+            args.text.display()
+        );
+    }
+    // Bits per byte count the bytes the scored ids cover, so --max-tokens keeps the figure honest.
+    let bytes = if args.max_tokens.is_some() {
+        tokenizer.decode(&ids)?.len()
+    } else {
+        text.len()
+    };
+    let json = args.json;
+    let job = EvalJob {
+        assets,
+        ids,
+        bytes,
+        args,
+        precision,
+        quiet: ctx.quiet,
+    };
+    let report = ctx.dispatch(None, job)??;
+    if json {
+        println!("{report}");
+    } else {
+        println!(
+            "{} ({}, weights {:.1} MiB): {} tokens in windows of {}, loss {:.4} nats, perplexity {:.3}, \
+             {:.4} bits/byte ({:.1} s)",
+            report["model"].as_str().unwrap_or_default(),
+            report["precision"].as_str().unwrap_or_default(),
+            report["weight_bytes"].as_f64().unwrap_or_default() / (1024.0 * 1024.0),
+            report["scored_tokens"],
+            report["window"],
+            report["loss"].as_f64().unwrap_or_default(),
+            report["perplexity"].as_f64().unwrap_or_default(),
+            report["bits_per_byte"].as_f64().unwrap_or_default(),
+            report["seconds"].as_f64().unwrap_or_default(),
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tail_of;
+
+    #[test]
+    fn tail_starts_at_a_line() {
+        let text = "first line\nsecond line\nthird\n";
+        assert_eq!(tail_of(text, 1.0), text);
+        assert_eq!(tail_of(text, 0.5), "third\n");
+        assert_eq!(tail_of(text, 0.01), "");
+        // The cut lands inside the first line (byte 2 of 6); scoring starts at the next line.
+        assert_eq!(tail_of("é\né\n", 0.6), "é\n");
+    }
+}
