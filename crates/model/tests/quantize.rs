@@ -14,7 +14,9 @@ fn model(tied: bool, biases: bool) -> Transformer<B> {
     let mut spec = ModelSpec::llama_style(128, 64, 2, 4, 2, 96, 64);
     spec.tied_embeddings = tied;
     if biases {
+        // LLaMA's config has one switch for all attention biases.
         spec.biases.qkv = true;
+        spec.biases.attn_out = true;
     }
     Transformer::from_source(
         &spec,
