@@ -19,7 +19,7 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-const SUBCOMMANDS: [&str; 9] = [
+const SUBCOMMANDS: [&str; 10] = [
     "train",
     "generate",
     "bench",
@@ -29,6 +29,7 @@ const SUBCOMMANDS: [&str; 9] = [
     "logits",
     "info",
     "plot",
+    "eval",
 ];
 
 #[test]

@@ -89,15 +89,12 @@ fn wgpu_gradients_match_cpu() {
 fn wgpu_attention_kernels_match_cpu_forward_and_backward() {
     use ember_attention::{AttentionKernel, AttentionOptions, attention};
 
-    fn run<B: burn::tensor::backend::AutodiffBackend>(
+    fn run<B: burn::tensor::backend::AutodiffBackend + ember_attention::AttentionBackend>(
         kernel: AttentionKernel,
         q: Tensor<B, 4>,
         k: Tensor<B, 4>,
         v: Tensor<B, 4>,
-    ) -> [TensorData; 4]
-    where
-        B: ember_attention::AttentionBackend,
-    {
+    ) -> [TensorData; 4] {
         let (q, k, v) = (q.require_grad(), k.require_grad(), v.require_grad());
         let out = attention(
             kernel,
