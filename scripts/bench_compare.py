@@ -28,7 +28,7 @@ Engines:
                 does not copy them into `llm.scores`).
   ember         `EMBER --threads T --quiet bench --model GGUF ... --format json [--quantize Q]` for every precision
                 of `--ember-quantize` ("none" passes no --quantize), only when `--ember-bin` is given. Its greedy
-                ids come from `ember generate --tokens ... --temperature 0` (f32 only).
+                ids come from `ember generate --tokens ... --temperature 0 [--quantize Q]`.
 
 transformers and llama.cpp each run in a child process of this script (`--engine NAME`, which prints one JSON
 object), so each one's memory and threads are its own; ember runs as its own binary. One engine failing marks its
@@ -358,15 +358,17 @@ def parse_ember_report(report: dict, quantize: str) -> dict:
     return {**figures, "decode_latency_ms": latency, "precision": precision}
 
 
-def ember_greedy_ids(args) -> tuple[list[int] | None, str | None]:
-    """The first SHOWN_IDS greedy ids of ember f32 on the synthetic prompt, from `ember generate`."""
+def ember_greedy_ids(args, quantize: str) -> tuple[list[int] | None, str | None]:
+    """The first SHOWN_IDS greedy ids of ember at one precision on the synthetic prompt, from `ember generate`."""
     prompt = synthetic_prompt(args.prompt_len, gguf_vocab_size(args.model))
     cmd = [
         *(str(args.ember_bin), "--threads", str(args.threads), "--quiet", "generate", "--model", str(args.model)),
         *("--tokens", ",".join(map(str, prompt)), "--temperature", "0", "--max-new-tokens", str(SHOWN_IDS)),
         *("--ignore-eos", "--format", "json"),
     ]
-    result, error = run_command("ember generate", cmd)
+    if quantize != "none":
+        cmd += ["--quantize", quantize]
+    result, error = run_command(f"ember generate {quantize}", cmd)
     if result is None:
         return None, error
     ids = result.get("ids")
@@ -395,8 +397,8 @@ def run_ember(args) -> list[dict]:
             except (KeyError, TypeError, AttributeError) as e:
                 row["error"] = f"unreadable report: {e}"
                 print(f"[{name}] FAILED: {row['error']}", file=sys.stderr)
-        if quantize == "none" and row["status"] == "ok":
-            row["generated_ids"], row["generated_ids_error"] = ember_greedy_ids(args)
+        if row["status"] == "ok":
+            row["generated_ids"], row["generated_ids_error"] = ember_greedy_ids(args, quantize)
         rows.append(row)
     return rows
 
