@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::Context;
 use crate::backend::BackendJob;
-use crate::commands::precision::QuantizeArgs;
+use crate::commands::precision::{QuantizeArgs, load_with_progress};
 
 /// Flags of `ember eval`.
 #[derive(clap::Args, Debug)]
@@ -75,9 +75,7 @@ impl BackendJob for EvalJob {
 
     fn run<B: AttentionBackend>(self, device: B::Device) -> Self::Output {
         let kernel: AttentionKernel = self.args.attention.parse()?;
-        let model = self
-            .assets
-            .load_as::<B>(&device, None, &self.precision)?
+        let model = load_with_progress::<B>(&self.assets, &device, &self.precision, self.quiet)?
             .with_kernel(kernel);
         let window = self.args.window.min(model.spec().context_length);
         let bar = if self.quiet {

@@ -11,11 +11,10 @@ use ember_inference::{
 };
 use ember_model::{AttentionBackend, AttentionKernel};
 use ember_tokenizer::Tokenizer;
-use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::Context;
 use crate::backend::BackendJob;
-use crate::commands::precision::QuantizeArgs;
+use crate::commands::precision::{QuantizeArgs, load_with_progress};
 
 /// Output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -120,24 +119,8 @@ impl BackendJob for GenerateJob {
     type Output = anyhow::Result<()>;
 
     fn run<B: AttentionBackend>(self, device: B::Device) -> Self::Output {
-        let bar = if self.quiet {
-            ProgressBar::hidden()
-        } else {
-            ProgressBar::new(0)
-        };
-        bar.set_style(ProgressStyle::with_template(
-            "loading {bar:30} {pos}/{len} tensors {msg}",
-        )?);
-        let mut progress = |done: usize, total: usize, name: &str| {
-            bar.set_length(total as u64);
-            bar.set_position(done as u64);
-            bar.set_message(name.to_string());
-        };
-        let model = self
-            .assets
-            .load_as::<B>(&device, Some(&mut progress), &self.precision)?
+        let model = load_with_progress::<B>(&self.assets, &device, &self.precision, self.quiet)?
             .with_kernel(self.kernel);
-        bar.finish_and_clear();
         let lm = TransformerLm::new(model, device);
         let tokenizer = self.assets.tokenizer.as_ref();
         match &self.work {

@@ -7,12 +7,11 @@ use anyhow::{Context as _, bail};
 use burn::tensor::{Int, Tensor, TensorData};
 use ember_inference::{ModelAssets, Precision};
 use ember_model::{AttentionBackend, AttentionKernel};
-use indicatif::{ProgressBar, ProgressStyle};
 use safetensors::tensor::{Dtype, TensorView};
 
 use crate::Context;
 use crate::backend::BackendJob;
-use crate::commands::precision::QuantizeArgs;
+use crate::commands::precision::{QuantizeArgs, load_with_progress};
 
 /// Flags of `ember logits`.
 #[derive(clap::Args, Debug)]
@@ -50,24 +49,8 @@ impl BackendJob for LogitsJob {
     type Output = anyhow::Result<Vec<f32>>;
 
     fn run<B: AttentionBackend>(self, device: B::Device) -> Self::Output {
-        let bar = if self.quiet {
-            ProgressBar::hidden()
-        } else {
-            ProgressBar::new(0)
-        };
-        bar.set_style(ProgressStyle::with_template(
-            "loading {bar:30} {pos}/{len} tensors {msg}",
-        )?);
-        let mut progress = |done: usize, total: usize, name: &str| {
-            bar.set_length(total as u64);
-            bar.set_position(done as u64);
-            bar.set_message(name.to_string());
-        };
-        let model = self
-            .assets
-            .load_as::<B>(&device, Some(&mut progress), &self.precision)?
+        let model = load_with_progress::<B>(&self.assets, &device, &self.precision, self.quiet)?
             .with_kernel(self.kernel);
-        bar.finish_and_clear();
         model.check_tokens(&self.ids)?;
         let data: Vec<i64> = self.ids.iter().map(|&id| i64::from(id)).collect();
         let tokens =

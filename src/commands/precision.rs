@@ -1,8 +1,35 @@
-//! The `--quantize` flags shared by `generate`, `logits`, `eval` and `bench`.
+//! The `--quantize` flags shared by `generate`, `logits`, `eval` and `bench`, and loading a model at the precision
+//! they ask for.
 
 use anyhow::Context as _;
-use ember_inference::Precision;
-use ember_model::{QuantScheme, Quantization};
+use ember_inference::{ModelAssets, Precision};
+use ember_model::{AttentionBackend, QuantScheme, Quantization, Transformer};
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Loads `assets` onto `device` at `precision` behind a tensor-count progress bar (hidden with `--quiet`).
+pub fn load_with_progress<B: AttentionBackend>(
+    assets: &ModelAssets,
+    device: &B::Device,
+    precision: &Precision,
+    quiet: bool,
+) -> anyhow::Result<Transformer<B>> {
+    let bar = if quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(0)
+    };
+    bar.set_style(ProgressStyle::with_template(
+        "loading {bar:30} {pos}/{len} tensors {msg}",
+    )?);
+    let mut progress = |done: usize, total: usize, name: &str| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+        bar.set_message(name.to_string());
+    };
+    let model = assets.load_as::<B>(device, Some(&mut progress), precision)?;
+    bar.finish_and_clear();
+    Ok(model)
+}
 
 /// How to hold the weights once loaded.
 #[derive(clap::Args, Debug, Clone, Default)]
