@@ -98,10 +98,87 @@ fn model_bench_json_has_every_figure_and_matches_the_output_file() {
         0.0 < p.p50 && p.p50 <= p.p90 && p.p90 <= p.p95 && p.p95 <= p.p99 && p.p99 <= p.max,
         "{p:?}"
     );
+    // The cpu backend keeps tensors in host memory (the resident set above); the contiguous cache of one row
+    // grows from the 8 prompt positions to 16 on the first decode step: 16 x 256 bytes (2 layers x 2 KV heads x
+    // (8 + 8) f32 per position).
+    assert_eq!(m.device_memory, None);
+    assert_eq!(m.settings.kv_cache, "contiguous");
+    assert_eq!(m.kv_cache_bytes, Some(16 * 256));
     let table = stdout(&ember(&args));
     assert!(
         table.contains("decode_latency_ms.p99") && table.contains("tokens/s"),
         "{table}"
+    );
+}
+
+/// `--kv-cache paged-4` runs the model bench over the block pool and reports the pool's storage.
+#[test]
+fn paged_kv_cache_model_bench_reports_the_pool() {
+    let dir = temp_dir("paged");
+    let model = tiny_model_dir(dir.path());
+    let out = ember(&[
+        "bench",
+        "--model",
+        model.to_str().unwrap(),
+        "--kv-cache",
+        "paged-4",
+        "--batch",
+        "2",
+        "--prompt-len",
+        "8",
+        "--gen-len",
+        "5",
+        "--runs",
+        "1",
+        "--format",
+        "json",
+    ]);
+    let report = Report::from_json(&stdout(&out)).unwrap();
+    let ReportBody::Model(m) = &report.body else {
+        panic!("not a model report")
+    };
+    assert_eq!(m.settings.kv_cache, "paged-4");
+    // Per run, the pool starts at 1 block and doubles on demand: 8 prompt positions per row take 2 blocks
+    // each (1 -> 2 -> 4 blocks), the 4 decode steps a third each (4 -> 8); 8 blocks x 4 positions x 256 bytes.
+    assert_eq!(m.kv_cache_bytes, Some(8 * 4 * 256));
+    let bad = ember(&[
+        "bench",
+        "--model",
+        model.to_str().unwrap(),
+        "--kv-cache",
+        "pages",
+    ]);
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("expected contiguous, paged or paged-N"),
+        "{err}"
+    );
+}
+
+/// On wgpu the report carries the device allocator's memory, which holds at least the weights. Runs on
+/// whatever adapter wgpu finds (Mesa's software Vulkan on CPU-only machines, installed by scripts/test.sh).
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu_model_bench_reports_device_memory() {
+    let dir = temp_dir("wgpu");
+    let model = tiny_model_dir(dir.path());
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["--backend", "wgpu", "--quiet", "bench", "--model"])
+        .arg(&model)
+        .args(["--prompt-len", "8", "--gen-len", "3", "--runs", "1"])
+        .args(["--format", "json"])
+        .output()
+        .unwrap();
+    let report = Report::from_json(&stdout(&out)).unwrap();
+    let ReportBody::Model(m) = &report.body else {
+        panic!("not a model report")
+    };
+    let device = m.device_memory.expect("wgpu reports device memory");
+    assert!(
+        device.reserved_bytes >= device.in_use_bytes && device.in_use_bytes >= m.model.weight_bytes,
+        "{device:?} against {} weight bytes",
+        m.model.weight_bytes
     );
 }
 
@@ -276,6 +353,7 @@ fn model_report(ttft_ms: f64, decode_tokens_per_s: f64) -> Report {
                 warmup: 1,
                 attention: "flash".into(),
                 quantize: None,
+                kv_cache: "contiguous".into(),
             },
             ttft_ms,
             prefill_tokens_per_s: 8.0 / (ttft_ms / 1e3),
@@ -290,6 +368,8 @@ fn model_report(ttft_ms: f64, decode_tokens_per_s: f64) -> Report {
             end_to_end_tokens_per_s: 100.0,
             peak_memory_bytes: Some(1 << 20),
             peak_memory_scope: PeakScope::Phase,
+            device_memory: None,
+            kv_cache_bytes: None,
         }),
     }
 }

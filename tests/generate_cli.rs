@@ -298,3 +298,103 @@ fn smollm2_eval_reports_perplexity_for_each_precision() {
     );
     assert_eq!(stored["precision"], "gguf");
 }
+
+/// `--kv-cache paged` generates the same tokens as the contiguous cache and reports the pool's storage; the
+/// budget flag is checked before any work.
+#[test]
+fn the_paged_kv_cache_generates_the_same_tokens() {
+    let dir = tiny_model_dir();
+    let m = model_arg(dir.path());
+    let run = |cache: &[&str]| {
+        let args = [
+            &[
+                "generate",
+                "--model",
+                &m,
+                "--tokens",
+                "3,1,4,1,5",
+                "--temperature",
+                "0",
+                "--max-new-tokens",
+                "6",
+                "--format",
+                "json",
+            ][..],
+            cache,
+        ]
+        .concat();
+        json_lines(&ember(&args)).remove(0)
+    };
+    let contiguous = run(&[]);
+    let paged = run(&["--kv-cache", "paged-4", "--kv-budget-mib", "1"]);
+    assert_eq!(paged["ids"], contiguous["ids"]);
+    // 2 layers x 2 KV heads x (8 + 8) f32 = 256 bytes per position. Contiguous: 5 prompt positions, doubled
+    // to 10 by the first decode step. Paged: 5 + 5 positions in blocks of 4, the pool doubling 1 -> 2 -> 4.
+    assert_eq!(contiguous["kv_cache_bytes"], 10 * 256);
+    assert_eq!(paged["kv_cache_bytes"], 4 * 4 * 256);
+
+    let out = ember(&[
+        "generate",
+        "--model",
+        &m,
+        "--tokens",
+        "1",
+        "--kv-budget-mib",
+        "1",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--kv-cache paged"), "{err}");
+}
+
+/// `ember quantize` writes a directory that generates exactly what quantizing at load time does, and refuses
+/// to run without a scheme.
+#[test]
+fn a_quantized_directory_generates_what_load_time_quantization_does() {
+    let dir = tiny_model_dir();
+    let m = model_arg(dir.path());
+    let out = tempfile::tempdir().unwrap();
+    let q = out.path().join("int4");
+    let q_arg = q.display().to_string();
+    let done = ember(&[
+        "quantize",
+        "--model",
+        &m,
+        "--out",
+        &q_arg,
+        "--quantize",
+        "int4-g32",
+    ]);
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    assert!(q.join(ember_model::QUANTIZED_FILE).is_file());
+    let ids = |args: &[&str]| {
+        let base = [
+            "generate",
+            "--tokens",
+            "3,1,4,1,5",
+            "--temperature",
+            "0",
+            "--max-new-tokens",
+            "8",
+            "--format",
+            "json",
+        ];
+        json_lines(&ember(&[&base[..], args].concat())).remove(0)["ids"].clone()
+    };
+    let stored = ids(&["--model", &q_arg]);
+    assert_eq!(stored, ids(&["--model", &m, "--quantize", "int4-g32"]));
+    assert_ne!(
+        stored,
+        ids(&["--model", &m]),
+        "int4 changes a random model's greedy path"
+    );
+
+    let refused = ember(&["quantize", "--model", &m, "--out", &q_arg]);
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("--quantize SCHEME is required"), "{err}");
+}

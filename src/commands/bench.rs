@@ -9,16 +9,16 @@ use anyhow::{Context as _, anyhow, bail};
 use burn::backend::Autodiff;
 use ember_bench::suites::{kernels, tokenizer, train};
 use ember_bench::{
-    EMBER_VERSION, KernelSuite, Machine, ModelSettings, MonotonicClock, Pass, Repetitions, Report,
-    ReportBody, SCHEMA_VERSION, TrainSettings, bench_model, compare, now_rfc3339,
-    render_comparison, render_report, synthetic_prompt,
+    DeviceMemory, EMBER_VERSION, KernelSuite, Machine, ModelSettings, MonotonicClock, Pass,
+    Repetitions, Report, ReportBody, SCHEMA_VERSION, TrainSettings, bench_model, compare,
+    now_rfc3339, render_comparison, render_report, synthetic_prompt,
 };
-use ember_inference::ModelAssets;
+use ember_inference::{KvCacheKind, ModelAssets, Precision};
 use ember_model::{AttentionBackend, AttentionKernel, ModelSpec, Positions, Transformer};
 use ember_training::{HfModelStore, InMemoryData};
 
 use crate::Context;
-use crate::backend::{BackendJob, SystemProbe, run_on, select};
+use crate::backend::{BackendJob, BackendKind, SystemProbe, run_on, select};
 use crate::commands::precision::QuantizeArgs;
 use crate::config::RunConfig;
 
@@ -60,6 +60,9 @@ pub struct Args {
     pub attention: String,
     #[command(flatten)]
     pub quantize: QuantizeArgs,
+    /// KV cache of --model: contiguous, paged (16-position blocks) or paged-N [default: contiguous].
+    #[arg(long, default_value = "contiguous")]
+    pub kv_cache: KvCacheKind,
     /// Sequences per batch [default: 1 for --model, the config's training.batch_size for --suite train].
     #[arg(long)]
     pub batch: Option<usize>,
@@ -118,6 +121,7 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
     let job = BenchJob {
         args,
         quiet: ctx.quiet,
+        kind: selection.kind,
     };
     let body = run_on(selection.kind, job)?;
     let report = Report {
@@ -163,6 +167,30 @@ fn run_compare(old: &Path, new: &Path, noise: f64) -> anyhow::Result<()> {
 struct BenchJob {
     args: Args,
     quiet: bool,
+    kind: BackendKind,
+}
+
+/// What the device allocator of `kind` holds (wgpu and CUDA keep tensors in device memory pools); `None` for
+/// backends whose memory is the process's resident set.
+fn device_memory(kind: BackendKind) -> Option<DeviceMemory> {
+    match kind {
+        #[cfg(feature = "wgpu")]
+        BackendKind::Wgpu => cube_memory::<burn::cubecl::wgpu::WgpuRuntime>(&Default::default()),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => cube_memory::<burn::cubecl::cuda::CudaRuntime>(&Default::default()),
+        _ => None,
+    }
+}
+
+/// The memory usage CubeCL's client reports for `device`: the same client (keyed by device) burn's backend
+/// allocates through.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn cube_memory<R: burn::cubecl::Runtime>(device: &R::Device) -> Option<DeviceMemory> {
+    let usage = R::client(device).memory_usage().ok()?;
+    Some(DeviceMemory {
+        in_use_bytes: usage.bytes_in_use,
+        reserved_bytes: usage.bytes_reserved,
+    })
 }
 
 impl BackendJob for BenchJob {
@@ -204,16 +232,24 @@ impl BenchJob {
             warmup: args.warmup,
             attention: kernel.name().to_string(),
             quantize: args.quantize.quantize.clone(),
+            kv_cache: args.kv_cache.to_string(),
         };
         let name = path.display().to_string();
         let clock = MonotonicClock::new();
+        let kind = self.kind;
+        let dtype = if assets.stores_quantized() && precision == Precision::F32 {
+            "stored".to_string()
+        } else {
+            precision.label()
+        };
         let bench = bench_model(
             model.with_kernel(kernel),
             device.clone(),
             name,
-            precision.label(),
+            dtype,
             settings,
             &clock,
+            &move || device_memory(kind),
         )?;
         Ok(ReportBody::Model(bench))
     }

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use anyhow::{Context as _, bail};
 use ember_inference::sampling::SamplingConfig;
 use ember_inference::{
-    ChatTemplate, Conversation, Generation, GenerationConfig, Message, ModelAssets, Precision,
-    TransformerLm, generate,
+    ChatTemplate, Conversation, Generation, GenerationConfig, KvCacheKind, Message, ModelAssets,
+    Precision, TransformerLm, generate,
 };
 use ember_model::{AttentionBackend, AttentionKernel};
 use ember_tokenizer::Tokenizer;
@@ -95,6 +95,14 @@ pub struct Args {
     pub attention: String,
     #[command(flatten)]
     pub quantize: QuantizeArgs,
+    /// KV cache: contiguous (one left-padded buffer for the batch), paged (each prompt's tokens in 16-position
+    /// blocks, released as rows finish) or paged-N for N-position blocks [default: contiguous].
+    #[arg(long, default_value = "contiguous")]
+    pub kv_cache: KvCacheKind,
+    /// Hard cap on the paged KV cache, in MiB; a batch that outgrows it fails with a message saying so
+    /// [default: what a contiguous cache of the whole context window would take].
+    #[arg(long)]
+    pub kv_budget_mib: Option<usize>,
 }
 
 /// What to run once the backend is chosen.
@@ -112,6 +120,7 @@ struct GenerateJob {
     args: Args,
     kernel: AttentionKernel,
     precision: Precision,
+    kv_cache: KvCacheKind,
     quiet: bool,
 }
 
@@ -121,7 +130,7 @@ impl BackendJob for GenerateJob {
     fn run<B: AttentionBackend>(self, device: B::Device) -> Self::Output {
         let model = load_with_progress::<B>(&self.assets, &device, &self.precision, self.quiet)?
             .with_kernel(self.kernel);
-        let lm = TransformerLm::new(model, device);
+        let lm = TransformerLm::new(model, device).with_kv_cache(self.kv_cache);
         let tokenizer = self.assets.tokenizer.as_ref();
         match &self.work {
             Work::Batch(prompts) => {
@@ -175,6 +184,7 @@ fn json_line(g: &Generation) -> serde_json::Value {
         "prefill_tokens_per_s": g.prefill_tokens_per_second(),
         "decode_tokens_per_s": g.decode_tokens_per_second(),
         "new_tokens": g.ids.len(),
+        "kv_cache_bytes": g.kv_cache_bytes,
     })
 }
 
@@ -307,6 +317,14 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
         },
         truncate: args.truncate,
     };
+    let kv_cache = match (args.kv_cache, args.kv_budget_mib) {
+        (KvCacheKind::Contiguous, Some(_)) => {
+            bail!("--kv-budget-mib applies to the paged cache; add --kv-cache paged")
+        }
+        (kind, Some(0)) => bail!("--kv-budget-mib must be at least 1 for --kv-cache {kind}"),
+        (kind, Some(mib)) => kind.with_budget_bytes(mib << 20),
+        (kind, None) => kind,
+    };
     let job = GenerateJob {
         assets,
         work,
@@ -314,6 +332,7 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
         args,
         kernel,
         precision,
+        kv_cache,
         quiet: ctx.quiet,
     };
     ctx.dispatch(None, job)?

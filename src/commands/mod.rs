@@ -12,6 +12,7 @@ pub mod logits;
 pub mod plot;
 pub mod precision;
 pub mod prepare;
+pub mod quantize;
 pub mod tokenize;
 pub mod train;
 pub mod train_tokenizer;
@@ -33,6 +34,8 @@ pub enum Command {
     Prepare(prepare::Args),
     /// Perplexity and bits per byte of a model on held-out text (f32 or quantized).
     Eval(eval::Args),
+    /// Write a model directory with its weights quantized (int8 / int4), loadable by every command.
+    Quantize(quantize::Args),
     /// Run a forward pass and write the logits to a safetensors file.
     Logits(logits::Args),
     /// Print a model's spec, parameter count and memory by dtype.
@@ -51,6 +54,7 @@ pub fn run(command: Command, ctx: &Context) -> anyhow::Result<()> {
         Command::TrainTokenizer(args) => train_tokenizer::run(args, ctx),
         Command::Prepare(args) => prepare::run(args, ctx),
         Command::Eval(args) => eval::run(args, ctx),
+        Command::Quantize(args) => quantize::run(args, ctx),
         Command::Logits(args) => logits::run(args, ctx),
         Command::Info(args) => info::run(args, ctx),
         Command::Plot(args) => plot::run(args, ctx),

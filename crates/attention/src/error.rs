@@ -37,4 +37,8 @@ pub enum AttentionError {
         /// How many layers the cache holds.
         num_layers: usize,
     },
+    /// A cache could not store new positions (a paged pool out of blocks, an unknown sequence), with the
+    /// cache's own message.
+    #[error("kv cache: {0}")]
+    Cache(String),
 }

@@ -1,6 +1,6 @@
 //! Key/value caches for incremental decoding.
 
-use burn::tensor::{Tensor, backend::Backend};
+use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 
 use crate::AttentionError;
 
@@ -70,6 +70,48 @@ impl<B: Backend> ContiguousKvCache<B> {
             layers: vec![None; num_layers],
             initial_capacity: capacity,
         }
+    }
+}
+
+impl<B: Backend> ContiguousKvCache<B> {
+    /// Keeps only the batch rows listed in `rows` (in that order), so finished rows of a batch stop costing
+    /// memory and compute.
+    ///
+    /// Errors if a row index is out of range.
+    pub fn retain_rows(&mut self, rows: &[usize]) -> Result<(), AttentionError> {
+        for buffers in self.layers.iter_mut().flatten() {
+            let [batch, ..] = buffers.keys.dims();
+            if let Some(&row) = rows.iter().find(|&&row| row >= batch) {
+                return Err(AttentionError::Shape {
+                    tensor: "key",
+                    actual: buffers.keys.dims().to_vec(),
+                    expected: format!("a batch holding row {row}"),
+                });
+            }
+            let index = Tensor::<B, 1, Int>::from_data(
+                TensorData::new(
+                    rows.iter().map(|&r| r as i64).collect::<Vec<_>>(),
+                    [rows.len()],
+                ),
+                &buffers.keys.device(),
+            );
+            buffers.keys = buffers.keys.clone().select(0, index.clone());
+            buffers.values = buffers.values.clone().select(0, index);
+        }
+        Ok(())
+    }
+
+    /// Bytes of key and value storage allocated (the buffers' full capacity, not just the valid positions).
+    pub fn allocated_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|buffers| {
+                let elems =
+                    |t: &Tensor<B, 4>| t.dims().iter().product::<usize>() * t.dtype().size();
+                elems(&buffers.keys) + elems(&buffers.values)
+            })
+            .sum()
     }
 }
 

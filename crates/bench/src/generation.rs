@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use crate::device_memory::{DeviceMemory, DeviceMemoryProbe};
 use crate::memory::{self, PeakScope};
 use crate::report::{ModelBench, ModelInfo, ModelSettings};
 use crate::timing::{Clock, millis};
@@ -18,6 +19,11 @@ pub trait GenerationWorkload {
     fn prefill(&mut self) -> Result<(), BenchError>;
     /// Runs one decode step: one new token for every sequence of the batch, attending to the cache.
     fn decode_step(&mut self) -> Result<(), BenchError>;
+
+    /// Bytes of KV-cache storage the current generation holds, where the workload knows it.
+    fn kv_cache_bytes(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Timings of the measured runs, before they are reduced to figures.
@@ -29,40 +35,53 @@ pub struct GenerationTimings {
     pub decode_steps: Vec<Duration>,
     /// Whole run (prefill and all decode steps), one per run.
     pub total: Vec<Duration>,
+    /// Largest device-memory reading, taken after each prefill and at the end of each run (outside the timed
+    /// phases); `None` where the probe reports nothing.
+    pub device_memory: Option<DeviceMemory>,
+    /// Largest KV-cache size at the end of a run (the cache only grows within a run).
+    pub kv_cache_bytes: Option<u64>,
 }
 
 /// Runs `settings.warmup` discarded and `settings.runs` measured generations of `settings.gen_len` tokens each:
-/// one prefill (which yields the first token) then `gen_len - 1` decode steps.
+/// one prefill (which yields the first token) then `gen_len - 1` decode steps. `device` is read after each
+/// prefill and at the end of each run, between timed phases.
 pub fn time_generation(
     workload: &mut dyn GenerationWorkload,
     settings: &ModelSettings,
     clock: &dyn Clock,
+    device: &dyn DeviceMemoryProbe,
 ) -> Result<GenerationTimings, BenchError> {
     check_settings(settings)?;
     let mut timings = GenerationTimings {
         prefill: Vec::new(),
         decode_steps: Vec::new(),
         total: Vec::new(),
+        device_memory: None,
+        kv_cache_bytes: None,
     };
     for run in 0..settings.warmup + settings.runs {
         let measured = run >= settings.warmup;
         let start = clock.now();
         workload.prefill()?;
-        let prefilled = clock.now();
-        let mut step_start = prefilled;
+        let prefill = clock.now().saturating_sub(start);
+        timings.device_memory = DeviceMemory::max_of(timings.device_memory, device.read());
+        let mut run_time = prefill;
+        let mut step_start = clock.now();
         for _ in 1..settings.gen_len {
             workload.decode_step()?;
             let step_end = clock.now();
+            let step = step_end.saturating_sub(step_start);
+            run_time += step;
             if measured {
-                timings
-                    .decode_steps
-                    .push(step_end.saturating_sub(step_start));
+                timings.decode_steps.push(step);
             }
             step_start = step_end;
         }
+        timings.device_memory = DeviceMemory::max_of(timings.device_memory, device.read());
+        timings.kv_cache_bytes = timings.kv_cache_bytes.max(workload.kv_cache_bytes());
         if measured {
-            timings.prefill.push(prefilled.saturating_sub(start));
-            timings.total.push(step_start.saturating_sub(start));
+            timings.prefill.push(prefill);
+            timings.total.push(run_time);
         }
     }
     Ok(timings)
@@ -96,15 +115,17 @@ fn per_second(items: f64, time: f64, what: &str) -> Result<f64, BenchError> {
 }
 
 /// Measures `workload` and assembles the model report body. The peak-memory counter is reset first (where the
-/// kernel allows), so the peak covers generation with the model already loaded.
+/// kernel allows), so the peak covers generation with the model already loaded; `device` reads the device's
+/// memory on GPU backends.
 pub fn bench_generation(
     workload: &mut dyn GenerationWorkload,
     model: ModelInfo,
     settings: ModelSettings,
     clock: &dyn Clock,
+    device: &dyn DeviceMemoryProbe,
 ) -> Result<ModelBench, BenchError> {
     let scope = memory::reset_peak_rss();
-    let t = time_generation(workload, &settings, clock)?;
+    let t = time_generation(workload, &settings, clock, device)?;
     let peak = memory::peak_rss_bytes()?;
     let secs = |d: &[Duration]| d.iter().map(Duration::as_secs_f64).collect::<Vec<_>>();
     let prefill_s = stats::median(&secs(&t.prefill))?;
@@ -132,6 +153,8 @@ pub fn bench_generation(
         } else {
             PeakScope::Process
         },
+        device_memory: t.device_memory,
+        kv_cache_bytes: t.kv_cache_bytes,
         model,
         settings,
     })
@@ -143,6 +166,7 @@ mod tests {
     use std::rc::Rc;
 
     use super::*;
+    use crate::NoDeviceMemory;
 
     #[derive(Clone)]
     struct FakeClock(Rc<Cell<Duration>>);
@@ -187,6 +211,7 @@ mod tests {
             warmup: 1,
             attention: "manual".into(),
             quantize: None,
+            kv_cache: "contiguous".into(),
         }
     }
 
@@ -208,7 +233,25 @@ mod tests {
             step: 0,
             prefills: 0,
         };
-        let b = bench_generation(&mut w, model(), settings(5), &clock).unwrap();
+        // Device memory grows by 100 bytes per reading: the report keeps the largest.
+        let readings = Cell::new(0u64);
+        let probe = || {
+            readings.set(readings.get() + 100);
+            Some(DeviceMemory {
+                in_use_bytes: readings.get(),
+                reserved_bytes: 2 * readings.get(),
+            })
+        };
+        let b = bench_generation(&mut w, model(), settings(5), &clock, &probe).unwrap();
+        // Two readings (after the prefill, at the end) in each of the 4 runs.
+        assert_eq!(
+            b.device_memory,
+            Some(DeviceMemory {
+                in_use_bytes: 800,
+                reserved_bytes: 1600
+            })
+        );
+        assert_eq!(b.kv_cache_bytes, None, "the fake workload has no cache");
         assert_eq!(w.prefills, 4, "one warm-up run and three measured runs");
         // Exact arithmetic on millisecond durations; 1e-9 only absorbs f64 rounding.
         let close = |got: f64, want: f64| {
@@ -235,7 +278,8 @@ mod tests {
             step: 0,
             prefills: 0,
         };
-        let err = bench_generation(&mut w, model(), settings(1), &clock).unwrap_err();
+        let err =
+            bench_generation(&mut w, model(), settings(1), &clock, &NoDeviceMemory).unwrap_err();
         assert!(err.to_string().contains("gen-len"), "{err}");
         assert_eq!(w.prefills, 0, "settings are checked before any work");
     }

@@ -12,6 +12,7 @@
 //! holds the attention-kernel, tokenizer and training benches.
 
 mod compare;
+mod device_memory;
 mod error;
 mod generation;
 mod lm_workload;
@@ -26,6 +27,7 @@ mod timestamp;
 mod timing;
 
 pub use compare::{ComparedFigure, Comparison, Verdict, compare, judge};
+pub use device_memory::{DeviceMemory, DeviceMemoryProbe, NoDeviceMemory};
 pub use error::BenchError;
 pub use generation::{GenerationTimings, GenerationWorkload, bench_generation, time_generation};
 pub use lm_workload::{LmWorkload, synthetic_prompt};

@@ -118,6 +118,12 @@ impl<M: LanguageModel> GenerationWorkload for LmWorkload<'_, M> {
             .map_err(model_error)?;
         self.sample_rows(logits)
     }
+
+    fn kv_cache_bytes(&self) -> Option<u64> {
+        self.state
+            .as_ref()
+            .map(|state| self.model.cache_bytes(state) as u64)
+    }
 }
 
 /// A deterministic synthetic prompt of `len` ids below `vocab_size`, spread over the vocabulary (a multiplicative
@@ -172,6 +178,9 @@ mod tests {
                     logits
                 })
                 .collect())
+        }
+        fn retain_rows(&self, _: &mut usize, _: &[usize]) -> Result<(), InferenceError> {
+            Ok(())
         }
     }
 

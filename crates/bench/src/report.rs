@@ -8,6 +8,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::device_memory::DeviceMemory;
 use crate::memory::PeakScope;
 use crate::{BenchError, Machine, Percentiles};
 
@@ -94,6 +95,13 @@ pub struct ModelSettings {
     pub attention: String,
     /// Weight quantization, if any.
     pub quantize: Option<String>,
+    /// KV cache (`contiguous` or `paged`); reports written before the field existed used `contiguous`.
+    #[serde(default = "contiguous")]
+    pub kv_cache: String,
+}
+
+fn contiguous() -> String {
+    "contiguous".to_string()
 }
 
 /// Figures of a generation bench. Per-run figures are medians over the measured runs; decode latencies pool every
@@ -118,6 +126,13 @@ pub struct ModelBench {
     pub peak_memory_bytes: Option<u64>,
     /// What the peak covers.
     pub peak_memory_scope: PeakScope,
+    /// Device memory of GPU backends (largest reading between phases); `None` on cpu, where device memory is
+    /// the resident set.
+    #[serde(default)]
+    pub device_memory: Option<DeviceMemory>,
+    /// KV-cache storage allocated by a run's end (the cache only grows within a run), bytes.
+    #[serde(default)]
+    pub kv_cache_bytes: Option<u64>,
 }
 
 /// Which passes of a kernel were timed.
@@ -303,6 +318,21 @@ impl Report {
                 ));
                 if let Some(b) = m.peak_memory_bytes {
                     out.push(fig("peak_memory_bytes", b as f64, FigureKind::Memory));
+                }
+                if let Some(d) = m.device_memory {
+                    out.push(fig(
+                        "device_memory_in_use_bytes",
+                        d.in_use_bytes as f64,
+                        FigureKind::Memory,
+                    ));
+                    out.push(fig(
+                        "device_memory_reserved_bytes",
+                        d.reserved_bytes as f64,
+                        FigureKind::Memory,
+                    ));
+                }
+                if let Some(b) = m.kv_cache_bytes {
+                    out.push(fig("kv_cache_bytes", b as f64, FigureKind::Memory));
                 }
             }
             ReportBody::Kernels(k) => {

@@ -3,7 +3,8 @@
 
 use burn::backend::Flex;
 use ember_bench::{
-    GenerationWorkload, LmWorkload, ModelSettings, MonotonicClock, bench_model, synthetic_prompt,
+    GenerationWorkload, LmWorkload, ModelSettings, MonotonicClock, NoDeviceMemory, bench_model,
+    synthetic_prompt,
 };
 use ember_inference::sampling::SamplingConfig;
 use ember_inference::{GenerationConfig, TransformerLm, generate};
@@ -29,6 +30,7 @@ fn settings(batch: usize, prompt_len: usize, gen_len: usize) -> ModelSettings {
         warmup: 1,
         attention: "flash".into(),
         quantize: None,
+        kv_cache: "contiguous".into(),
     }
 }
 
@@ -44,6 +46,7 @@ fn tiny_model_bench_fills_every_field_with_sane_values() {
         "f32".into(),
         s.clone(),
         &MonotonicClock::new(),
+        &NoDeviceMemory,
     )
     .unwrap();
     assert_eq!(b.settings, s);
@@ -127,6 +130,7 @@ fn a_workload_longer_than_the_context_is_refused_before_timing() {
         "f32".into(),
         settings(1, 40, 10),
         &MonotonicClock::new(),
+        &NoDeviceMemory,
     )
     .unwrap_err()
     .to_string();

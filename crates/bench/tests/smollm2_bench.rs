@@ -7,8 +7,8 @@ use std::path::Path;
 
 use burn::backend::Flex;
 use ember_bench::{
-    EMBER_VERSION, Machine, ModelSettings, MonotonicClock, Report, ReportBody, SCHEMA_VERSION,
-    bench_model, now_rfc3339, render_report,
+    EMBER_VERSION, Machine, ModelSettings, MonotonicClock, NoDeviceMemory, Report, ReportBody,
+    SCHEMA_VERSION, bench_model, now_rfc3339, render_report,
 };
 use ember_inference::ModelAssets;
 
@@ -35,6 +35,7 @@ fn smollm2_generation_bench_reports_sane_figures() {
         warmup: 1,
         attention: model.kernel().name().into(),
         quantize: None,
+        kv_cache: "contiguous".into(),
     };
     let bench = bench_model(
         model,
@@ -43,6 +44,7 @@ fn smollm2_generation_bench_reports_sane_figures() {
         "f32".into(),
         settings,
         &MonotonicClock::new(),
+        &NoDeviceMemory,
     )
     .unwrap();
     let p = bench.decode_latency_ms;

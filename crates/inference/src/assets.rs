@@ -134,6 +134,12 @@ impl ModelAssets {
         })
     }
 
+    /// Whether the path is a directory written by [`ember_model::save_quantized`], whose matrices load
+    /// quantized whatever precision is asked for.
+    pub fn stores_quantized(&self) -> bool {
+        matches!(&self.weights, WeightsFile::Dir(dir) if dir.is_quantized())
+    }
+
     /// Loads the weights onto `device` in f32 (dequantizing GGUF tensors).
     pub fn load<B: AttentionBackend>(
         &self,
@@ -143,7 +149,9 @@ impl ModelAssets {
         self.load_as(device, progress, &Precision::F32)
     }
 
-    /// Loads the weights onto `device` held as `precision` says.
+    /// Loads the weights onto `device` held as `precision` says. A directory written by
+    /// [`ember_model::save_quantized`] always loads its quantized matrices as stored (there are no f32 weights to
+    /// return to); a scheme then quantizes only what is still dense.
     pub fn load_as<B: AttentionBackend>(
         &self,
         device: &B::Device,
@@ -155,10 +163,10 @@ impl ModelAssets {
             (WeightsFile::Gguf(file), Precision::Stored) => {
                 gguf::llama::load_quantized(file, device, progress).map_err(err)
             }
-            (WeightsFile::Dir(_), Precision::Stored) => Err(load_error(
+            (WeightsFile::Dir(dir), Precision::Stored) if !dir.is_quantized() => Err(load_error(
                 &self.path,
-                "keeping the stored quantization needs a GGUF file; a model directory holds dense weights \
-                 (quantize them with a scheme such as int8 or int4 instead)",
+                "keeping the stored quantization needs a GGUF file or a directory written by `ember quantize`; \
+                 this directory holds dense weights (quantize them with a scheme such as int8 or int4 instead)",
             )),
             (WeightsFile::Gguf(file), _) => gguf::llama::load(file, device, progress).map_err(err),
             (WeightsFile::Dir(dir), _) => dir

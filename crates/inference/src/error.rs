@@ -25,6 +25,9 @@ pub enum InferenceError {
     /// The model failed (shape or backend error), with its message.
     #[error("model: {0}")]
     Model(String),
+    /// The KV cache could not hold the batch (a paged pool out of budget), with its message.
+    #[error("{0}")]
+    KvCache(String),
     /// The tokenizer could not decode a generated id.
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] ember_tokenizer::TokenizerError),

@@ -76,6 +76,9 @@ pub struct Generation {
     pub time_to_first_token: Duration,
     /// Time spent generating the tokens after the first.
     pub decode_time: Duration,
+    /// Peak bytes of KV-cache storage of the batch this row ran in (shared by its rows; 0 where the model does
+    /// not report it).
+    pub kv_cache_bytes: usize,
 }
 
 impl Generation {
@@ -276,32 +279,41 @@ pub(crate) fn run<M: LanguageModel>(
         .map(|f| (0..width).map(|i| i < width - f.len()).collect())
         .collect();
 
-    while rows.iter().any(|r| r.finish.is_none()) {
+    // Batch position -> row. Rows leave the batch (and the cache) as they finish, unless none would remain: a
+    // conversation keeps its one row's cache for the next turn.
+    let mut active: Vec<usize> = (0..rows.len()).collect();
+    let mut cache_bytes = 0;
+    while !active.is_empty() && rows.iter().any(|r| r.finish.is_none()) {
         let logits = model.step(state, &tokens, &padding)?;
+        cache_bytes = cache_bytes.max(model.cache_bytes(state));
         let full = model.state_len(state) >= model.context_length();
-        for (b, row) in rows.iter_mut().enumerate() {
+        for (&b, logits) in active.iter().zip(&logits) {
+            let row = &mut rows[b];
             if row.finish.is_some() {
                 continue;
             }
-            let id = row.sampler.sample(&logits[b], &row.history);
+            let id = row.sampler.sample(logits, &row.history);
             row.accept(b, id, config, on_text)?;
             if row.finish.is_none() && full {
                 row.finish = Some(FinishReason::Length);
                 row.flush(b, on_text);
             }
         }
-        // Finished rows keep stepping (the batch moves together) on a padding token nobody attends to.
-        tokens = rows
-            .iter()
-            .map(|r| {
-                vec![if r.finish.is_none() {
-                    *r.ids.last().unwrap_or(&0)
-                } else {
-                    0
-                }]
-            })
+        let kept: Vec<usize> = (0..active.len())
+            .filter(|&i| rows[active[i]].finish.is_none())
             .collect();
-        padding = rows.iter().map(|r| vec![r.finish.is_some()]).collect();
+        if kept.is_empty() {
+            break;
+        }
+        if kept.len() < active.len() {
+            model.retain_rows(state, &kept)?;
+            active = kept.iter().map(|&i| active[i]).collect();
+        }
+        tokens = active
+            .iter()
+            .map(|&b| vec![*rows[b].ids.last().unwrap_or(&0)])
+            .collect();
+        padding = vec![vec![false]; active.len()];
     }
 
     Ok(rows
@@ -315,6 +327,7 @@ pub(crate) fn run<M: LanguageModel>(
                 finish_reason: r.finish.unwrap_or(FinishReason::Length),
                 time_to_first_token: first - start,
                 decode_time: r.last_token_at.unwrap_or(first) - first,
+                kv_cache_bytes: cache_bytes,
             }
         })
         .collect())

@@ -28,4 +28,4 @@ pub use generate::{FinishReason, Generation, GenerationConfig, generate};
 pub use model::LanguageModel;
 pub use perplexity::{Perplexity, perplexity};
 pub use stop::{StopMatcher, StopStep};
-pub use transformer_lm::{TransformerLm, TransformerState};
+pub use transformer_lm::{KvCacheKind, TransformerLm, TransformerState};

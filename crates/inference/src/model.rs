@@ -28,4 +28,14 @@ pub trait LanguageModel {
         tokens: &[Vec<u32>],
         padding: &[Vec<bool>],
     ) -> Result<Vec<Vec<f32>>, InferenceError>;
+
+    /// Keeps only the batch rows listed in `rows` (ascending), dropping the others' cached positions: generation
+    /// calls it when rows finish, so they stop costing compute and cache memory. Later steps pass one row per kept
+    /// row, in this order.
+    fn retain_rows(&self, state: &mut Self::State, rows: &[usize]) -> Result<(), InferenceError>;
+
+    /// Bytes of cache storage `state` holds now (0 where the model does not say).
+    fn cache_bytes(&self, _state: &Self::State) -> usize {
+        0
+    }
 }

@@ -74,6 +74,11 @@ impl LanguageModel for Toy {
         }
         Ok(state.rows.iter().map(|r| Toy::logits(r)).collect())
     }
+
+    fn retain_rows(&self, state: &mut ToyState, rows: &[usize]) -> Result<(), InferenceError> {
+        state.rows = rows.iter().map(|&r| state.rows[r].clone()).collect();
+        Ok(())
+    }
 }
 
 /// A byte-level tokenizer with one token per byte and no merges: token id = byte value.

@@ -6,6 +6,7 @@ use ember_attention::AttentionBackend;
 
 use crate::arch::{self, Family};
 use crate::error::{ModelError, Result};
+use crate::quantized_io::QUANTIZED_FILE;
 use crate::spec::ModelSpec;
 use crate::transformer::Transformer;
 use crate::weights::{Checkpoint, CheckpointSource, Progress};
@@ -52,6 +53,11 @@ impl ModelDir {
         Ok(ModelDir { dir, family, spec })
     }
 
+    /// Whether the directory holds a quantized checkpoint ([`QUANTIZED_FILE`]) rather than dense weights.
+    pub fn is_quantized(&self) -> bool {
+        self.dir.join(QUANTIZED_FILE).is_file()
+    }
+
     /// `tokenizer.json` of the directory, if it has one.
     pub fn tokenizer_path(&self) -> Option<PathBuf> {
         Some(self.dir.join("tokenizer.json")).filter(|p| p.is_file())
@@ -59,11 +65,17 @@ impl ModelDir {
 
     /// Loads the weights onto `device`, checking every tensor's presence and shape; `progress` is called after
     /// each parameter tensor with `(done, total, name)`.
+    ///
+    /// A directory written by [`crate::save_quantized`] (it holds [`QUANTIZED_FILE`]) loads with its matrices
+    /// quantized as stored.
     pub fn load<B: AttentionBackend>(
         &self,
         device: &B::Device,
         progress: Option<Progress<'_>>,
     ) -> Result<Loaded<B>> {
+        if self.is_quantized() {
+            return crate::quantized_io::load_quantized(&self.dir, &self.spec, device, progress);
+        }
         let checkpoint = Checkpoint::open(&self.dir)?;
         let mut source = CheckpointSource::new(&checkpoint, self.family, &self.spec);
         let model = Transformer::from_source(&self.spec, &mut source, device, progress)?;

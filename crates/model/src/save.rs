@@ -9,6 +9,7 @@ use safetensors::tensor::{Dtype, TensorView};
 
 use crate::arch::{self, Layout, TensorSource};
 use crate::error::{ModelError, Result};
+use crate::spec::ModelSpec;
 use crate::transformer::Transformer;
 use crate::weights::SINGLE_FILE;
 
@@ -27,9 +28,10 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
     }
 }
 
-/// Writes `model` to directory `dir` (created if needed) as its spec's architecture.
-pub fn save<B: AttentionBackend>(model: &Transformer<B>, dir: &Path) -> Result<()> {
-    let spec = model.spec();
+/// The family of `spec` and its Hugging Face `config.json` document.
+pub(crate) fn hf_config(
+    spec: &ModelSpec,
+) -> Result<(&'static dyn arch::Family, serde_json::Value)> {
     let unsaveable = |reason: String| ModelError::Unsaveable {
         architecture: spec.architecture.clone(),
         reason,
@@ -41,6 +43,24 @@ pub fn save<B: AttentionBackend>(model: &Transformer<B>, dir: &Path) -> Result<(
         ))
     })?;
     let config = family.to_config(spec).map_err(unsaveable)?;
+    Ok((family, config))
+}
+
+/// Writes `config` as `dir/config.json`.
+pub(crate) fn write_config(dir: &Path, config: &serde_json::Value) -> Result<()> {
+    let config_path = dir.join("config.json");
+    let text = serde_json::to_string_pretty(config).map_err(|e| ModelError::Config {
+        path: config_path.clone(),
+        message: e.to_string(),
+    })?;
+    std::fs::write(&config_path, text + "\n").map_err(io(&config_path))
+}
+
+/// Writes `model` to directory `dir` (created if needed) as its spec's architecture, every weight in f32
+/// (quantized weights dequantized; [`crate::save_quantized`] keeps them packed).
+pub fn save<B: AttentionBackend>(model: &Transformer<B>, dir: &Path) -> Result<()> {
+    let spec = model.spec();
+    let (family, config) = hf_config(spec)?;
 
     let mut stored: BTreeMap<String, Stored> = BTreeMap::new();
     for tensor in spec.tensors() {
@@ -127,10 +147,5 @@ pub fn save<B: AttentionBackend>(model: &Transformer<B>, dir: &Path) -> Result<(
             message: format!("{e:?}"),
         }
     })?;
-    let config_path = dir.join("config.json");
-    let text = serde_json::to_string_pretty(&config).map_err(|e| ModelError::Config {
-        path: config_path.clone(),
-        message: e.to_string(),
-    })?;
-    std::fs::write(&config_path, text + "\n").map_err(io(&config_path))
+    write_config(dir, &config)
 }

@@ -21,6 +21,8 @@ enum Op {
     /// One layer only (a step interrupted mid-way, e.g. by a fork).
     AppendLayer(usize, usize, usize),
     Truncate(usize, usize),
+    /// The pool's storage grows by `n` blocks.
+    Grow(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -31,6 +33,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (any::<usize>(), 1usize..9).prop_map(|(s, n)| Op::Step(s, n)),
         1 => (any::<usize>(), 0..LAYERS, 1usize..6).prop_map(|(s, l, n)| Op::AppendLayer(s, l, n)),
         1 => (any::<usize>(), 0usize..30).prop_map(|(s, n)| Op::Truncate(s, n)),
+        1 => (1usize..4).prop_map(Op::Grow),
     ]
 }
 
@@ -125,6 +128,12 @@ impl Model {
                     self.append(seq, layer, n)?;
                 }
             }
+            Op::Grow(n) => {
+                self.manager.add_blocks(n);
+                for layer_storage in &mut self.storage {
+                    layer_storage.resize(layer_storage.len() + n * BLOCK, u64::MAX);
+                }
+            }
             Op::Truncate(i, len) => {
                 if let Some(seq) = self.pick(i) {
                     self.manager.truncate(seq, len).unwrap();
@@ -139,7 +148,8 @@ impl Model {
 
     /// Invariants that make "no leak, no double use" precise.
     fn check(&self) -> Result<(), TestCaseError> {
-        let mut references = [0u32; TOTAL];
+        let total = self.manager.total_blocks();
+        let mut references = vec![0u32; total];
         for (&seq, content) in &self.expected {
             let table = self.manager.block_table(seq).unwrap();
             let len = content.iter().map(Vec::len).max().unwrap();
@@ -164,7 +174,7 @@ impl Model {
             }
         }
         let free = self.manager.free_list();
-        let mut seen = [false; TOTAL];
+        let mut seen = vec![false; total];
         for &block in free {
             prop_assert!(!seen[block], "block {} twice on the free list", block);
             seen[block] = true;
@@ -184,7 +194,7 @@ impl Model {
             );
         }
         let stats = self.manager.stats();
-        prop_assert_eq!(stats.used_blocks + stats.free_blocks, TOTAL);
+        prop_assert_eq!(stats.used_blocks + stats.free_blocks, total);
         prop_assert!(stats.peak_used_blocks >= stats.used_blocks);
         prop_assert!((0.0..1.0).contains(&stats.fragmentation()) || stats.used_blocks == 0);
         Ok(())
@@ -205,7 +215,7 @@ proptest! {
             model.manager.free_sequence(seq).unwrap();
         }
         let stats = model.manager.stats();
-        prop_assert_eq!(stats.free_blocks, TOTAL);
+        prop_assert_eq!(stats.free_blocks, model.manager.total_blocks());
         prop_assert_eq!(stats.used_blocks, 0);
     }
 }

@@ -226,3 +226,91 @@ fn ragged_gather_with_padding_mask_matches_per_sequence_attention() {
         }
     }
 }
+
+/// A pool that starts at one block grows by doubling as sequences need blocks, keeps every stored position
+/// bit-exact across the growth, and still stops at the budget.
+#[test]
+fn storage_grows_on_demand_up_to_the_budget() {
+    let device = Default::default();
+    let mut pool = PagedKvPool::<B>::new(config(6).with_initial_blocks(1), &device).unwrap();
+    let block_bytes = pool.block_bytes();
+    assert_eq!(pool.allocated_bytes(), block_bytes);
+    let chunk = |n| Tensor::<B, 3>::random([KV_HEADS, n, HEAD_DIM], Distribution::Default, &device);
+    let a = pool.add_sequence();
+    let (k1, v1) = (chunk(3), chunk(3));
+    pool.append(a, 0, k1.clone(), v1.clone()).unwrap();
+    assert_eq!(
+        pool.stats().total_blocks,
+        1,
+        "3 positions fit the first block"
+    );
+    // 6 more positions need 2 more blocks: 1 -> max(1 + 2, 2 x 1) = 3 blocks.
+    let (k2, v2) = (chunk(6), chunk(6));
+    pool.append(a, 0, k2.clone(), v2.clone()).unwrap();
+    assert_eq!(pool.stats().total_blocks, 3);
+    assert_eq!(pool.allocated_bytes(), 3 * block_bytes);
+    let gathered = pool.gather(&[a], 0).unwrap();
+    let want = |first: Tensor<B, 3>, second: Tensor<B, 3>| {
+        values(Tensor::cat(vec![first, second], 1).unsqueeze_dim::<4>(0))
+    };
+    assert_eq!(
+        values(gathered.keys),
+        want(k1, k2),
+        "keys survive the growth"
+    );
+    assert_eq!(
+        values(gathered.values),
+        want(v1, v2),
+        "values survive the growth"
+    );
+    // Growth stops at the 6-block budget: 3 -> 6, then the pool is exhausted.
+    let b = pool.add_sequence();
+    pool.append(b, 0, chunk(12), chunk(12)).unwrap();
+    assert_eq!(pool.stats().total_blocks, 6);
+    let err = pool.append(b, 0, chunk(4), chunk(4)).unwrap_err();
+    assert!(
+        matches!(err, PoolError::OutOfBlocks { total: 6, .. }),
+        "{err:?}"
+    );
+}
+
+/// A batch view over sequences of different lengths, fed a left-padded prefill and then decode steps: the
+/// padding positions are never stored, and every row's keys come back right-aligned on the common axis.
+#[test]
+fn a_ragged_view_drops_leading_padding_and_right_aligns_rows() {
+    let device = Default::default();
+    let mut pool = PagedKvPool::<B>::new(config(16), &device).unwrap();
+    let seqs = vec![pool.add_sequence(), pool.add_sequence()];
+    // Row 0 has 5 real tokens, row 1 has 2 (3 leading padding positions).
+    let (k, v) = (
+        random([2, KV_HEADS, 5, HEAD_DIM]),
+        random([2, KV_HEADS, 5, HEAD_DIM]),
+    );
+    {
+        let mut view = pool
+            .cache(seqs.clone())
+            .unwrap()
+            .with_leading_padding(vec![0, 3]);
+        for layer in 0..LAYERS {
+            let (keys, _) = view.append(layer, k.clone(), v.clone()).unwrap();
+            assert_eq!(keys.dims(), [2, KV_HEADS, 5, HEAD_DIM]);
+        }
+        assert_eq!(view.len(), 5, "the longest row");
+    }
+    assert_eq!(pool.seq_len(seqs[0]).unwrap(), 5);
+    assert_eq!(pool.seq_len(seqs[1]).unwrap(), 2);
+    // A decode step: row 1's 2 stored keys plus its new one sit at the last 3 of 6 positions.
+    let (k_new, v_new) = (
+        random([2, KV_HEADS, 1, HEAD_DIM]),
+        random([2, KV_HEADS, 1, HEAD_DIM]),
+    );
+    let mut view = pool.cache(seqs.clone()).unwrap();
+    let (keys, _) = view.append(0, k_new.clone(), v_new).unwrap();
+    assert_eq!(keys.dims(), [2, KV_HEADS, 6, HEAD_DIM]);
+    let row1 = keys.narrow(0, 1, 1).narrow(2, 3, 3);
+    let want = Tensor::cat(
+        vec![k.narrow(0, 1, 1).narrow(2, 3, 2), k_new.narrow(0, 1, 1)],
+        2,
+    );
+    assert_eq!(values(row1), values(want));
+}

@@ -50,6 +50,7 @@ pub fn model_report(ttft_ms: f64, decode_tokens_per_s: f64, peak_memory_bytes: u
             warmup: 1,
             attention: "flash".into(),
             quantize: None,
+            kv_cache: "contiguous".into(),
         },
         ttft_ms,
         prefill_tokens_per_s: 128.0 / (ttft_ms / 1e3),
@@ -64,6 +65,8 @@ pub fn model_report(ttft_ms: f64, decode_tokens_per_s: f64, peak_memory_bytes: u
         end_to_end_tokens_per_s: 40.0,
         peak_memory_bytes: Some(peak_memory_bytes),
         peak_memory_scope: PeakScope::Phase,
+        device_memory: None,
+        kv_cache_bytes: None,
     }))
 }
 

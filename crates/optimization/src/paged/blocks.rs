@@ -102,6 +102,14 @@ impl BlockManager {
         }
     }
 
+    /// Adds `count` free blocks (numbered after the existing ones), for a pool whose storage grew.
+    /// They are handed out after the blocks already free, so freed blocks are still reused first.
+    pub fn add_blocks(&mut self, count: usize) {
+        let total = self.total_blocks();
+        self.refcounts.resize(total + count, 0);
+        self.free.splice(0..0, (total..total + count).rev());
+    }
+
     /// Positions per block.
     pub fn block_size(&self) -> usize {
         self.block_size

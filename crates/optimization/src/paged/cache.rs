@@ -11,34 +11,34 @@ use crate::paged::pool::PagedKvPool;
 /// A batch of pool sequences seen as one [`KvCache`]: batch row `i` is sequence `i`.
 ///
 /// Appends write through the block tables and return K/V gathered back through them, so a model
-/// decodes against the pool exactly as against a [`ember_attention::ContiguousKvCache`]. The
-/// sequences must hold equally many positions (the trait has one length); ragged batches use
-/// [`PagedKvPool::gather`] and its padding mask directly.
+/// decodes against the pool exactly as against a [`ember_attention::ContiguousKvCache`].
+///
+/// Rows may hold different numbers of positions (a batch of prompts of different lengths, each
+/// stored without padding). The view then behaves like a left-padded contiguous batch: its
+/// [`len`](KvCache::len) is the longest row's, appends return every row right-aligned on that
+/// common position axis, and the caller masks each row's leading padding (`width - seq_len` keys)
+/// as key padding. [`with_leading_padding`](Self::with_leading_padding) tells the next step which
+/// leading positions of each row's new tokens are padding, so they are never stored.
 #[derive(Debug)]
 pub struct PagedKvCache<'pool, B: Backend> {
     pool: &'pool mut PagedKvPool<B>,
     seqs: Vec<SeqId>,
+    /// Per row: leading positions of the next appends that are padding and are not stored.
+    skip: Vec<usize>,
 }
 
 impl<B: Backend> PagedKvPool<B> {
-    /// A [`KvCache`] over `seqs` (e.g. forks of one prompt). With no sequences, the first append
-    /// creates one per batch row.
+    /// A [`KvCache`] over `seqs` (e.g. forks of one prompt, or the rows of a batch). With no
+    /// sequences, the first append creates one per batch row.
     pub fn cache(&mut self, seqs: Vec<SeqId>) -> Result<PagedKvCache<'_, B>, PoolError> {
-        let lens = seqs
-            .iter()
-            .map(|&seq| self.seq_len(seq))
-            .collect::<Result<Vec<_>, _>>()?;
-        if let Some(pos) = lens.iter().position(|&len| len != lens[0]) {
-            return Err(PoolError::BadWrite {
-                seq: seqs[pos].0,
-                layer: 0,
-                reason: format!(
-                    "a cache view needs sequences of equal length, found {} and {}",
-                    lens[0], lens[pos]
-                ),
-            });
+        for &seq in &seqs {
+            self.seq_len(seq)?;
         }
-        Ok(PagedKvCache { pool: self, seqs })
+        Ok(PagedKvCache {
+            pool: self,
+            seqs,
+            skip: Vec::new(),
+        })
     }
 }
 
@@ -46,6 +46,14 @@ impl<B: Backend> PagedKvCache<'_, B> {
     /// The sequences behind the batch rows.
     pub fn sequences(&self) -> &[SeqId] {
         &self.seqs
+    }
+
+    /// Marks the first `skip[row]` positions of every following append as padding of that row
+    /// (left padding of a batched prompt): they are dropped instead of stored. Missing rows skip
+    /// nothing.
+    pub fn with_leading_padding(mut self, skip: Vec<usize>) -> Self {
+        self.skip = skip;
+        self
     }
 }
 
@@ -56,11 +64,17 @@ impl<B: Backend> KvCache<B> for PagedKvCache<'_, B> {
 
     fn len(&self) -> usize {
         let layers = self.pool.config().num_layers;
+        // The longest row, counting only positions every layer of it holds (mid-step, earlier
+        // layers are ahead).
         self.seqs
             .iter()
-            .flat_map(|&seq| (0..layers).map(move |layer| (seq, layer)))
-            .map(|(seq, layer)| self.pool.blocks().layer_len(seq, layer).unwrap_or(0))
-            .min()
+            .map(|&seq| {
+                (0..layers)
+                    .map(|layer| self.pool.blocks().layer_len(seq, layer).unwrap_or(0))
+                    .min()
+                    .unwrap_or(0)
+            })
+            .max()
             .unwrap_or(0)
     }
 
@@ -75,6 +89,7 @@ impl<B: Backend> KvCache<B> for PagedKvCache<'_, B> {
             return Err(AttentionError::CacheLayer { layer, num_layers });
         }
         let [batch, heads, new, k_dim] = k.dims();
+        let [_, v_heads, _, v_dim] = v.dims();
         if self.seqs.is_empty() {
             self.seqs = (0..batch).map(|_| self.pool.add_sequence()).collect();
         }
@@ -85,21 +100,39 @@ impl<B: Backend> KvCache<B> for PagedKvCache<'_, B> {
                 expected: format!("batch {} (one row per cached sequence)", self.seqs.len()),
             });
         }
+        // The common position axis after this append: the longest row so far plus the new tokens.
+        let width = self
+            .seqs
+            .iter()
+            .map(|&seq| self.pool.blocks().layer_len(seq, layer))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(cache_error)?
+            .into_iter()
+            .max()
+            .unwrap_or(0)
+            + new;
         for (row, &seq) in self.seqs.iter().enumerate() {
-            let k_row = k.clone().narrow(0, row, 1).reshape([heads, new, k_dim]);
-            let v_dims = v.dims();
+            let skip = self.skip.get(row).copied().unwrap_or(0).min(new);
+            if skip == new {
+                continue;
+            }
+            let kept = new - skip;
+            let k_row = k
+                .clone()
+                .slice([row..row + 1, 0..heads, skip..new, 0..k_dim])
+                .reshape([heads, kept, k_dim]);
             let v_row = v
                 .clone()
-                .narrow(0, row, 1)
-                .reshape([v_dims[1], v_dims[2], v_dims[3]]);
+                .slice([row..row + 1, 0..v_heads, skip..new, 0..v_dim])
+                .reshape([v_heads, kept, v_dim]);
             self.pool
                 .append(seq, layer, k_row, v_row)
-                .map_err(|err| pool_error(err, &k))?;
+                .map_err(cache_error)?;
         }
         let gathered = self
             .pool
-            .gather(&self.seqs, layer)
-            .map_err(|err| pool_error(err, &k))?;
+            .gather_padded(&self.seqs, layer, width)
+            .map_err(cache_error)?;
         Ok((gathered.keys, gathered.values))
     }
 
@@ -117,12 +150,6 @@ impl<B: Backend> KvCache<B> for PagedKvCache<'_, B> {
     }
 }
 
-/// The trait's error type has no pool variant; pool failures are reported against the key tensor
-/// with the pool's full message.
-fn pool_error<B: Backend>(err: PoolError, k: &Tensor<B, 4>) -> AttentionError {
-    AttentionError::Shape {
-        tensor: "key",
-        actual: k.dims().to_vec(),
-        expected: format!("a write the KV-cache pool accepts: {err}"),
-    }
+fn cache_error(err: PoolError) -> AttentionError {
+    AttentionError::Cache(err.to_string())
 }

@@ -19,8 +19,12 @@ pub struct PagedKvConfig {
     pub v_dim: usize,
     /// Positions per block.
     pub block_size: usize,
-    /// Hard cap on the bytes of K/V storage; the pool holds `budget_bytes / block_bytes` blocks.
+    /// Hard cap on the bytes of K/V storage; the pool holds at most `budget_bytes / block_bytes` blocks.
     pub budget_bytes: usize,
+    /// Blocks allocated when the pool is created; `None` allocates the whole budget up front. With
+    /// `Some(n)` the storage starts at `n` blocks and doubles (up to the budget) when a write needs
+    /// more, so device memory follows the tokens held rather than the budget.
+    pub initial_blocks: Option<usize>,
 }
 
 impl PagedKvConfig {
@@ -33,7 +37,15 @@ impl PagedKvConfig {
             v_dim: head_dim,
             block_size: 16,
             budget_bytes: 256 << 20,
+            initial_blocks: None,
         }
+    }
+
+    /// Starts with `blocks` allocated and grows on demand up to the budget (see
+    /// [`initial_blocks`](Self::initial_blocks)).
+    pub fn with_initial_blocks(mut self, blocks: usize) -> Self {
+        self.initial_blocks = Some(blocks);
+        self
     }
 
     /// Sets the positions per block.
@@ -79,11 +91,12 @@ pub struct GatheredKv<B: Backend> {
 
 /// A pool of K/V blocks shared by many sequences, within a hard memory budget.
 ///
-/// Storage is allocated once, up front, to the budget: per layer, keys
-/// `[total_blocks * block_size, kv_heads, head_dim]` and values `[.., kv_heads, v_dim]`, where
-/// slot `block * block_size + offset` holds one position. Sequences own blocks only as they grow
-/// ([`BlockManager`] does the bookkeeping), so the memory in use tracks the tokens actually held,
-/// not `batch × max_len`; [`stats`](Self::stats) reports it.
+/// Storage is, per layer, keys `[total_blocks * block_size, kv_heads, head_dim]` and values
+/// `[.., kv_heads, v_dim]`, where slot `block * block_size + offset` holds one position. It is
+/// allocated up front to the budget, or (with [`PagedKvConfig::initial_blocks`]) grown by doubling
+/// up to it. Sequences own blocks only as they grow ([`BlockManager`] does the bookkeeping), so the
+/// memory in use tracks the tokens actually held, not `batch × max_len`; [`stats`](Self::stats)
+/// reports it.
 #[derive(Debug)]
 pub struct PagedKvPool<B: Backend> {
     config: PagedKvConfig,
@@ -92,6 +105,8 @@ pub struct PagedKvPool<B: Backend> {
     values: Vec<Tensor<B, 3>>,
     device: B::Device,
     elem_bytes: usize,
+    /// Blocks the budget allows.
+    max_blocks: usize,
 }
 
 impl<B: Backend> PagedKvPool<B> {
@@ -104,6 +119,7 @@ impl<B: Backend> PagedKvPool<B> {
             v_dim,
             block_size,
             budget_bytes,
+            initial_blocks,
         } = config;
         if [num_layers, kv_heads, head_dim, v_dim, block_size].contains(&0) {
             return Err(PoolError::InvalidConfig {
@@ -113,13 +129,15 @@ impl<B: Backend> PagedKvPool<B> {
         let probe = Tensor::<B, 1>::zeros([1], device);
         let elem_bytes = probe.dtype().size();
         let block_bytes = config.block_bytes(elem_bytes);
-        let total_blocks = budget_bytes / block_bytes;
-        if total_blocks == 0 {
+        let max_blocks = budget_bytes / block_bytes;
+        if max_blocks == 0 {
             return Err(PoolError::BudgetTooSmall {
                 budget_bytes,
                 block_bytes,
             });
         }
+        // At least one block, so the storage tensors are never empty.
+        let total_blocks = initial_blocks.map_or(max_blocks, |n| n.clamp(1, max_blocks));
         let slots = total_blocks * block_size;
         Ok(Self {
             config,
@@ -132,7 +150,18 @@ impl<B: Backend> PagedKvPool<B> {
                 .collect(),
             device: device.clone(),
             elem_bytes,
+            max_blocks,
         })
+    }
+
+    /// Bytes of K/V storage allocated now (all blocks, used or free).
+    pub fn allocated_bytes(&self) -> usize {
+        self.manager.total_blocks() * self.block_bytes()
+    }
+
+    /// Most blocks the budget allows.
+    pub fn max_blocks(&self) -> usize {
+        self.max_blocks
     }
 
     /// The configuration.
@@ -208,7 +237,18 @@ impl<B: Backend> PagedKvPool<B> {
                 ),
             });
         }
-        let (start, copies) = self.manager.prepare_write(seq, layer, new)?;
+        let (start, copies) = match self.manager.prepare_write(seq, layer, new) {
+            Err(PoolError::OutOfBlocks {
+                needed,
+                free,
+                total,
+                ..
+            }) if total < self.max_blocks => {
+                self.grow((total - free + needed).max(2 * total));
+                self.manager.prepare_write(seq, layer, new)?
+            }
+            other => other?,
+        };
         for copy in copies {
             self.copy_block(copy);
         }
@@ -238,6 +278,17 @@ impl<B: Backend> PagedKvPool<B> {
     /// Gathers `layer`'s K/V of `seqs` through their block tables into dense tensors, left-padding
     /// shorter sequences (see [`GatheredKv`]).
     pub fn gather(&self, seqs: &[SeqId], layer: usize) -> Result<GatheredKv<B>, PoolError> {
+        self.gather_padded(seqs, layer, 0)
+    }
+
+    /// Like [`gather`](Self::gather), but left-pads every sequence to at least `width` positions (a
+    /// batch whose rows share one position axis, with finished or shorter rows padded).
+    pub fn gather_padded(
+        &self,
+        seqs: &[SeqId],
+        layer: usize,
+        width: usize,
+    ) -> Result<GatheredKv<B>, PoolError> {
         if layer >= self.config.num_layers {
             return Err(PoolError::BadWrite {
                 seq: seqs.first().map_or(0, |s| s.0),
@@ -252,7 +303,7 @@ impl<B: Backend> PagedKvPool<B> {
             .iter()
             .map(|&seq| self.manager.layer_len(seq, layer))
             .collect::<Result<Vec<_>, _>>()?;
-        let max_len = lens.iter().copied().max().unwrap_or(0);
+        let max_len = lens.iter().copied().max().unwrap_or(0).max(width);
         let mut slots = Vec::with_capacity(seqs.len() * max_len);
         for (&seq, &len) in seqs.iter().zip(&lens) {
             // Padding reads slot 0 (always allocated storage); the mask hides it.
@@ -285,6 +336,22 @@ impl<B: Backend> PagedKvPool<B> {
             values: pick(&self.values[layer], self.config.v_dim),
             padding,
         })
+    }
+
+    /// Grows the storage to `blocks` blocks (capped by the budget), keeping every stored position.
+    fn grow(&mut self, blocks: usize) {
+        let blocks = blocks.min(self.max_blocks);
+        let extra = blocks.saturating_sub(self.manager.total_blocks());
+        if extra == 0 {
+            return;
+        }
+        let rows = extra * self.config.block_size;
+        for storage in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            let [_, heads, dim] = storage.dims();
+            let zeros = Tensor::zeros([rows, heads, dim], &self.device);
+            replace(storage, |t| Tensor::cat(vec![t, zeros], 0));
+        }
+        self.manager.add_blocks(extra);
     }
 
     /// Copies every layer's K/V of block `src` into block `dst`.

@@ -1,0 +1,110 @@
+//! `ember quantize`: writes a model directory with its weights quantized (`config.json`, the packed
+//! `model.quantized.safetensors` and the tokenizer files), which `generate`, `eval`, `logits` and `bench` load
+//! as stored.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, bail};
+use ember_inference::{ModelAssets, Precision, WeightsFile};
+use ember_model::{AttentionBackend, save_quantized};
+
+use crate::Context;
+use crate::backend::BackendJob;
+use crate::commands::precision::{QuantizeArgs, load_with_progress};
+
+/// Files of a model directory that describe its tokenizer and generation defaults, copied as they are.
+const SIDE_FILES: [&str; 4] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+];
+
+/// Flags of `ember quantize`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Hugging Face model directory to quantize [required].
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Directory to write (created; existing files of the same names are replaced) [required].
+    #[arg(long)]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub quantize: QuantizeArgs,
+}
+
+struct QuantizeJob {
+    assets: ModelAssets,
+    precision: Precision,
+    out: PathBuf,
+    quiet: bool,
+}
+
+impl BackendJob for QuantizeJob {
+    type Output = anyhow::Result<(usize, usize)>;
+
+    fn run<B: AttentionBackend>(self, device: B::Device) -> Self::Output {
+        let dense = self.assets.spec.parameter_count() as usize * 4;
+        let model = load_with_progress::<B>(&self.assets, &device, &self.precision, self.quiet)?;
+        save_quantized(&model, &self.out)
+            .with_context(|| format!("writing {}", self.out.display()))?;
+        Ok((model.weight_memory_bytes(), dense))
+    }
+}
+
+/// Runs `ember quantize`.
+pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
+    let precision = args.quantize.precision()?;
+    let scheme = match precision {
+        Precision::Quantized(q) => q.scheme,
+        Precision::Stored => bail!(
+            "--quantize gguf keeps a GGUF file's blocks; a GGUF file already loads quantized with \
+             `ember generate --quantize gguf`"
+        ),
+        Precision::F32 => {
+            bail!("--quantize SCHEME is required (int8, int8-gN, int4-gN, int4-gN-asym)")
+        }
+    };
+    let assets = ModelAssets::open(&args.model)?;
+    let WeightsFile::Dir(dir) = &assets.weights else {
+        bail!(
+            "--model {}: `ember quantize` reads a Hugging Face model directory; a GGUF file already loads \
+             quantized with `--quantize gguf`",
+            args.model.display()
+        );
+    };
+    let source = dir.dir.clone();
+    if source.canonicalize().ok() == args.out.canonicalize().ok() {
+        bail!(
+            "--out must differ from --model (the dense weights would sit next to the quantized ones)"
+        );
+    }
+    let job = QuantizeJob {
+        assets,
+        precision,
+        out: args.out.clone(),
+        quiet: ctx.quiet,
+    };
+    let (bytes, dense) = ctx.dispatch(None, job)??;
+    copy_side_files(&source, &args.out)?;
+    if !ctx.quiet {
+        eprintln!(
+            "wrote {} ({scheme}): weights {:.1} MiB, {:.2}x of f32",
+            args.out.display(),
+            bytes as f64 / (1u64 << 20) as f64,
+            bytes as f64 / dense as f64
+        );
+    }
+    Ok(())
+}
+
+fn copy_side_files(from: &Path, to: &Path) -> anyhow::Result<()> {
+    for name in SIDE_FILES {
+        let source = from.join(name);
+        if source.is_file() {
+            std::fs::copy(&source, to.join(name))
+                .with_context(|| format!("copying {} to {}", source.display(), to.display()))?;
+        }
+    }
+    Ok(())
+}
