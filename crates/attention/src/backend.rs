@@ -92,8 +92,4 @@ impl AttentionBackend for burn::backend::Flex {}
 #[cfg(feature = "ndarray")]
 impl AttentionBackend for burn::backend::NdArray {}
 
-#[cfg(feature = "wgpu")]
-impl AttentionBackend for burn::backend::Wgpu {}
-
-#[cfg(feature = "cuda")]
-impl AttentionBackend for burn::backend::Cuda {}
+// wgpu and CUDA (`Fusion<CubeBackend<..>>`) run the forward as ember's CubeCL kernel: see `crate::cube`.

@@ -41,6 +41,8 @@
 
 mod autodiff;
 mod backend;
+#[cfg(feature = "cube")]
+mod cube;
 mod error;
 mod flash;
 mod fused;
