@@ -59,4 +59,4 @@ pub use flash::{FlashBlocks, FlashConfig, flash_backward, flash_forward};
 pub use kernel::{AttentionKernel, attention, check_shapes, flash_attention};
 pub use kv_cache::{ContiguousKvCache, KvCache};
 pub use options::{AttentionOptions, MaskSpec};
-pub use rope::{Rope, RopeConfig, RopeLayout, RopeScaling};
+pub use rope::{Rope, RopeCache, RopeConfig, RopeLayout, RopeScaling};

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use burn::module::{Module, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, ElementConversion, Int, Tensor, TensorData, module::embedding};
-use ember_attention::{AttentionBackend, AttentionKernel, KvCache, Rope};
+use ember_attention::{AttentionBackend, AttentionKernel, KvCache, RopeCache};
 use ember_optimization::QuantizedLinear;
 
 use crate::error::{ModelError, Result};
@@ -32,6 +32,9 @@ pub struct Transformer<B: Backend> {
     spec: ModelSpec,
     #[module(skip)]
     kernel: AttentionKernel,
+    /// RoPE tables for the context window, built on the first forward call on a device and reused.
+    #[module(skip)]
+    rope: RopeCache,
 }
 
 /// Optional inputs of a forward call beyond the tokens.
@@ -231,6 +234,7 @@ impl<B: AttentionBackend> Transformer<B> {
             lm_head,
             spec: spec.clone(),
             kernel: AttentionKernel::default(),
+            rope: RopeCache::new(),
         })
     }
 
@@ -345,7 +349,8 @@ impl<B: AttentionBackend> Transformer<B> {
         }
         let rope = match &self.spec.positions {
             Positions::Rope(config) => Some(
-                Rope::new(config.clone(), offset + seq, &device)
+                self.rope
+                    .get::<B>(config, self.spec.context_length, &device)
                     .map_err(|e| ModelError::Attention(e.to_string()))?,
             ),
             Positions::Learned => None,

@@ -1,7 +1,9 @@
 //! Rotary position embeddings (RoPE) with cos/sin tables cached on the device.
 
+mod cache;
 mod config;
 
+pub use cache::RopeCache;
 pub use config::{RopeConfig, RopeLayout, RopeScaling};
 
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData, backend::Backend};
