@@ -56,19 +56,9 @@ fn check(case: Case, seed: u64) {
     }
 }
 
+/// Batch 2, so padding and per-row masks differ between rows.
 fn case(q_heads: usize, kv_heads: usize, head_dim: usize, q_len: usize, kv_len: usize) -> Case {
-    Case {
-        batch: 2,
-        q_heads,
-        kv_heads,
-        head_dim,
-        q_len,
-        kv_len,
-        causal: false,
-        offset: 0,
-        window: None,
-        left_pad: Vec::new(),
-    }
+    Case::new(2, q_heads, kv_heads, head_dim, q_len, kv_len)
 }
 
 #[test]

@@ -85,18 +85,7 @@ fn case(
     q_len: usize,
     kv_len: usize,
 ) -> Case {
-    Case {
-        batch,
-        q_heads,
-        kv_heads,
-        head_dim,
-        q_len,
-        kv_len,
-        causal: false,
-        offset: 0,
-        window: None,
-        left_pad: Vec::new(),
-    }
+    Case::new(batch, q_heads, kv_heads, head_dim, q_len, kv_len)
 }
 
 #[test]

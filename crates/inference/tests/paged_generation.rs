@@ -1,66 +1,23 @@
 //! Generation over the paged KV pool: each row stores only its own tokens, rows leave the pool as they finish,
 //! and every logit and token equals the contiguous, left-padded path and full recomputation.
 
+mod common;
+
 use burn::backend::Flex;
-use burn::tensor::{Int, Tensor, TensorData};
+use common::{assert_close, full_logits, tiny};
 use ember_inference::sampling::SamplingConfig;
 use ember_inference::{
     GenerationConfig, InferenceError, KvCacheKind, LanguageModel, TransformerLm, generate,
 };
-use ember_model::weights::RandomInit;
-use ember_model::{ModelSpec, Transformer};
 
 /// 2 layers, 2 KV heads of 8 dimensions: one cached position is 2 x 2 x (8 + 8) f32 = 256 bytes.
 const TOKEN_BYTES: usize = 256;
-
-fn tiny(cache: KvCacheKind) -> TransformerLm<Flex> {
-    let device = Default::default();
-    // GQA (4 query heads, 2 KV heads), context 48; std 0.3 keeps logits far from uniform so argmax ties are
-    // unlikely.
-    let spec = ModelSpec::llama_style(96, 32, 2, 4, 2, 64, 48);
-    let model = Transformer::<Flex>::from_source(
-        &spec,
-        &mut RandomInit::with_std(3, spec.num_layers, 0.3),
-        &device,
-        None,
-    )
-    .unwrap();
-    TransformerLm::new(model, device).with_kv_cache(cache)
-}
 
 fn paged(block_size: usize) -> KvCacheKind {
     KvCacheKind::Paged {
         block_size,
         budget_bytes: None,
     }
-}
-
-/// Last-position logits of `ids` computed from scratch, without a cache.
-fn full_logits(lm: &TransformerLm<Flex>, ids: &[u32]) -> Vec<f32> {
-    let data = TensorData::new(
-        ids.iter().map(|&i| i64::from(i)).collect::<Vec<_>>(),
-        [1, ids.len()],
-    );
-    let tokens = Tensor::<Flex, 2, Int>::from_data(data, &Default::default());
-    let logits = lm.model().forward(tokens).unwrap();
-    let [_, seq, vocab] = logits.dims();
-    logits
-        .slice([0..1, seq - 1..seq, 0..vocab])
-        .into_data()
-        .into_vec()
-        .unwrap()
-}
-
-/// Attention over gathered blocks sums in a different order than over the full sequence (and over masked
-/// padding columns); f32 differences stay within a few ulps of logits of magnitude ~10, so 1e-4 absolute has
-/// margin while a wrong position, mask or block would be off by O(1).
-fn assert_close(got: &[f32], want: &[f32], what: &str) {
-    let worst = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
-    assert!(worst < 1e-4, "{what}: max |diff| {worst}");
 }
 
 fn argmax(logits: &[f32]) -> u32 {

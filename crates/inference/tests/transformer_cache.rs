@@ -1,52 +1,14 @@
 //! [`TransformerLm`] over a small random LLaMA-style transformer: the KV-cached, left-padded path against full
 //! recomputation without a cache.
 
-use burn::backend::Flex;
-use burn::tensor::{Int, Tensor, TensorData};
+mod common;
+
+use common::{assert_close, full_logits};
 use ember_inference::sampling::SamplingConfig;
-use ember_inference::{GenerationConfig, LanguageModel, TransformerLm, generate};
-use ember_model::weights::RandomInit;
-use ember_model::{ModelSpec, Transformer};
+use ember_inference::{GenerationConfig, KvCacheKind, LanguageModel, TransformerLm, generate};
 
-fn tiny() -> TransformerLm<Flex> {
-    let device = Default::default();
-    // GQA (4 query heads, 2 KV heads); std 0.3 keeps logits far from uniform so argmax ties are unlikely.
-    let spec = ModelSpec::llama_style(96, 32, 2, 4, 2, 64, 48);
-    let model = Transformer::<Flex>::from_source(
-        &spec,
-        &mut RandomInit::with_std(3, spec.num_layers, 0.3),
-        &device,
-        None,
-    )
-    .unwrap();
-    TransformerLm::new(model, device)
-}
-
-/// Last-position logits of `ids` computed from scratch, without a cache.
-fn full_logits(lm: &TransformerLm<Flex>, ids: &[u32]) -> Vec<f32> {
-    let data = TensorData::new(
-        ids.iter().map(|&i| i64::from(i)).collect::<Vec<_>>(),
-        [1, ids.len()],
-    );
-    let tokens = Tensor::<Flex, 2, Int>::from_data(data, &Default::default());
-    let logits = lm.model().forward(tokens).unwrap();
-    let [_, seq, vocab] = logits.dims();
-    logits
-        .slice([0..1, seq - 1..seq, 0..vocab])
-        .into_data()
-        .into_vec()
-        .unwrap()
-}
-
-/// f32 attention over a cache sums in a different order than over the full sequence; differences stay within a few
-/// ulps of logits of magnitude ~10, so 1e-4 absolute is a tight bound with margin.
-fn assert_close(got: &[f32], want: &[f32], what: &str) {
-    let worst = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
-    assert!(worst < 1e-4, "{what}: max |diff| {worst}");
+fn tiny() -> TransformerLm<burn::backend::Flex> {
+    common::tiny(KvCacheKind::Contiguous)
 }
 
 #[test]

@@ -13,7 +13,7 @@ use ember_optimization::{DenseTensor, QuantizedCheckpoint, QuantizedLinear, Quan
 use crate::error::{ModelError, Result};
 use crate::load::Loaded;
 use crate::nn::{Embedding, Linear};
-use crate::save::{hf_config, write_config};
+use crate::save::{hf_config, parameter_values, write_config};
 use crate::spec::ModelSpec;
 use crate::tensors::{EMBED, LM_HEAD, TensorRole, TensorSpec};
 use crate::transformer::Transformer;
@@ -86,12 +86,7 @@ pub fn save_quantized<B: AttentionBackend>(model: &Transformer<B>, dir: &Path) -
             checkpoint.quantized.insert(tensor.name, weight);
             continue;
         }
-        let values = model
-            .parameter(&tensor.name)
-            .and_then(|d| d.convert::<f32>().into_vec::<f32>().ok())
-            .ok_or_else(|| {
-                ModelError::InvalidSpec(format!("model has no parameter `{}`", tensor.name))
-            })?;
+        let values = parameter_values(model, &tensor.name)?;
         checkpoint.dense.insert(
             tensor.name,
             DenseTensor {

@@ -46,6 +46,17 @@ pub(crate) fn hf_config(
     Ok((family, config))
 }
 
+/// The f32 values of canonical parameter `name` (dequantized if quantized), row-major.
+pub(crate) fn parameter_values<B: AttentionBackend>(
+    model: &Transformer<B>,
+    name: &str,
+) -> Result<Vec<f32>> {
+    model
+        .parameter(name)
+        .and_then(|d| d.convert::<f32>().into_vec::<f32>().ok())
+        .ok_or_else(|| ModelError::InvalidSpec(format!("model has no parameter `{name}`")))
+}
+
 /// Writes `config` as `dir/config.json`.
 pub(crate) fn write_config(dir: &Path, config: &serde_json::Value) -> Result<()> {
     let config_path = dir.join("config.json");
@@ -65,12 +76,7 @@ pub fn save<B: AttentionBackend>(model: &Transformer<B>, dir: &Path) -> Result<(
     let mut stored: BTreeMap<String, Stored> = BTreeMap::new();
     for tensor in spec.tensors() {
         let source = family.source(spec, &tensor);
-        let values = model
-            .parameter(&tensor.name)
-            .and_then(|d| d.convert::<f32>().into_vec::<f32>().ok())
-            .ok_or_else(|| {
-                ModelError::InvalidSpec(format!("model has no parameter `{}`", tensor.name))
-            })?;
+        let values = parameter_values(model, &tensor.name)?;
         let mut canonical_shape = source.stored_shape.clone();
         if source.layout == Layout::Transposed {
             canonical_shape.swap(0, 1);

@@ -5,26 +5,12 @@ mod common;
 
 use common::{B, max_abs_diff, tokens};
 use ember_model::nn::{Embedding, Linear};
-use ember_model::weights::RandomInit;
-use ember_model::{ModelSpec, QuantScheme, Quantization, Transformer, load, save};
+use ember_model::{QuantScheme, Quantization, Transformer, load, save};
 
 const IDS: [u32; 12] = [5, 17, 99, 3, 64, 64, 12, 0, 127, 45, 8, 31];
 
 fn model(tied: bool, biases: bool) -> Transformer<B> {
-    let mut spec = ModelSpec::llama_style(128, 64, 2, 4, 2, 96, 64);
-    spec.tied_embeddings = tied;
-    if biases {
-        // LLaMA's config has one switch for all attention biases.
-        spec.biases.qkv = true;
-        spec.biases.attn_out = true;
-    }
-    Transformer::from_source(
-        &spec,
-        &mut RandomInit::with_std(11, 2, 0.3),
-        &Default::default(),
-        None,
-    )
-    .unwrap()
+    common::small_llama(11, tied, biases)
 }
 
 fn logits(model: &Transformer<B>) -> Vec<f32> {

@@ -5,27 +5,15 @@ mod common;
 
 use common::{B, tokens};
 use ember_model::nn::{Embedding, Linear};
-use ember_model::weights::RandomInit;
 use ember_model::{
-    ModelDir, ModelError, ModelSpec, QUANTIZED_FILE, QuantScheme, Quantization, Transformer, load,
+    ModelDir, ModelError, QUANTIZED_FILE, QuantScheme, Quantization, Transformer, load,
     save_quantized,
 };
 
 const IDS: [u32; 10] = [5, 17, 99, 3, 64, 64, 12, 0, 127, 45];
 
 fn model(tied: bool) -> Transformer<B> {
-    let mut spec = ModelSpec::llama_style(128, 64, 2, 4, 2, 96, 64);
-    spec.tied_embeddings = tied;
-    // LLaMA's config has one switch for all attention biases.
-    spec.biases.qkv = true;
-    spec.biases.attn_out = true;
-    Transformer::from_source(
-        &spec,
-        &mut RandomInit::with_std(5, 2, 0.3),
-        &Default::default(),
-        None,
-    )
-    .unwrap()
+    common::small_llama(5, tied, true)
 }
 
 fn logits(model: &Transformer<B>) -> Vec<f32> {

@@ -25,6 +25,29 @@ pub struct Case {
 }
 
 impl Case {
+    /// Full (bidirectional) attention with no padding; set the other fields with struct update syntax.
+    pub fn new(
+        batch: usize,
+        q_heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        q_len: usize,
+        kv_len: usize,
+    ) -> Self {
+        Case {
+            batch,
+            q_heads,
+            kv_heads,
+            head_dim,
+            q_len,
+            kv_len,
+            causal: false,
+            offset: 0,
+            window: None,
+            left_pad: Vec::new(),
+        }
+    }
+
     pub fn spec(&self) -> MaskSpec {
         MaskSpec {
             causal: self.causal,

@@ -105,3 +105,22 @@ pub fn argmax(row: &[f32]) -> u32 {
     }
     best as u32
 }
+
+/// A random LLaMA-style model for the quantization tests (vocab 128, hidden 64, 2 layers, 4/2 heads, MLP 96,
+/// context 64; std 0.3), optionally with a tied head and attention biases, from `seed`.
+pub fn small_llama(seed: u64, tied: bool, biases: bool) -> ember_model::Transformer<B> {
+    let mut spec = ember_model::ModelSpec::llama_style(128, 64, 2, 4, 2, 96, 64);
+    spec.tied_embeddings = tied;
+    if biases {
+        // LLaMA's config has one switch for all attention biases.
+        spec.biases.qkv = true;
+        spec.biases.attn_out = true;
+    }
+    ember_model::Transformer::from_source(
+        &spec,
+        &mut ember_model::weights::RandomInit::with_std(seed, 2, 0.3),
+        &Default::default(),
+        None,
+    )
+    .unwrap()
+}
