@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use anyhow::{Context as _, bail};
 use ember_inference::sampling::SamplingConfig;
 use ember_inference::{
-    ChatTemplate, Conversation, Generation, GenerationConfig, KvCacheKind, Message, ModelAssets,
-    Precision, TransformerLm, generate,
+    ChatTemplate, Conversation, Generation, GenerationConfig, InferenceError, KvCacheKind, Message,
+    ModelAssets, Precision, TransformerLm, generate,
 };
 use ember_model::{AttentionBackend, AttentionKernel};
 use ember_tokenizer::Tokenizer;
@@ -157,7 +157,17 @@ fn run_batch<B: AttentionBackend>(
             let _ = write!(stdout, "{piece}").and_then(|()| stdout.flush());
         }
     };
-    let generations = generate(lm, tokenizer, prompts, config, &mut on_text)?;
+    let generations = generate(lm, tokenizer, prompts, config, &mut on_text).map_err(|e| {
+        let full = matches!(e, InferenceError::KvCache(_));
+        let e = anyhow::Error::from(e);
+        if full {
+            e.context(
+                "the paged KV cache is full: raise --kv-budget-mib or pass fewer prompts at once",
+            )
+        } else {
+            e
+        }
+    })?;
     let mut stdout = std::io::stdout().lock();
     for g in &generations {
         match format {

@@ -14,7 +14,9 @@ pub trait KvCache<B: Backend> {
     /// Number of layers.
     fn num_layers(&self) -> usize;
 
-    /// Positions cached in every layer: the position offset of the tokens the next step feeds in.
+    /// Positions cached in every layer: the position offset of the tokens the next step feeds in. For a batch
+    /// whose rows hold different numbers of positions (the paged pool), the longest row's: the width of the
+    /// common, right-aligned position axis that appends return.
     fn len(&self) -> usize;
 
     /// Whether no position is cached.
@@ -107,9 +109,9 @@ impl<B: Backend> ContiguousKvCache<B> {
             .iter()
             .flatten()
             .map(|buffers| {
-                let elems =
+                let bytes =
                     |t: &Tensor<B, 4>| t.dims().iter().product::<usize>() * t.dtype().size();
-                elems(&buffers.keys) + elems(&buffers.values)
+                bytes(&buffers.keys) + bytes(&buffers.values)
             })
             .sum()
     }

@@ -281,17 +281,17 @@ pub(crate) fn run<M: LanguageModel>(
 
     // Batch position -> row. Rows leave the batch (and the cache) as they finish, unless none would remain: a
     // conversation keeps its one row's cache for the next turn.
-    let mut active: Vec<usize> = (0..rows.len()).collect();
+    // Every active row is unfinished when a step starts (none is, with `max_new_tokens == 0`).
+    let mut active: Vec<usize> = (0..rows.len())
+        .filter(|&b| rows[b].finish.is_none())
+        .collect();
     let mut cache_bytes = 0;
-    while !active.is_empty() && rows.iter().any(|r| r.finish.is_none()) {
+    while !active.is_empty() {
         let logits = model.step(state, &tokens, &padding)?;
         cache_bytes = cache_bytes.max(model.cache_bytes(state));
         let full = model.state_len(state) >= model.context_length();
         for (&b, logits) in active.iter().zip(&logits) {
             let row = &mut rows[b];
-            if row.finish.is_some() {
-                continue;
-            }
             let id = row.sampler.sample(logits, &row.history);
             row.accept(b, id, config, on_text)?;
             if row.finish.is_none() && full {

@@ -2,8 +2,8 @@
 //! batches, over a contiguous KV cache or the paged block pool.
 
 use burn::tensor::{Bool, Int, Tensor, TensorData};
-use ember_attention::{ContiguousKvCache, KvCache};
-use ember_model::{AttentionBackend, Step, Transformer};
+use ember_attention::{AttentionError, ContiguousKvCache, KvCache};
+use ember_model::{AttentionBackend, ModelError, Step, Transformer};
 use ember_optimization::{PagedKvConfig, PagedKvPool, SeqId};
 
 use crate::error::InferenceError;
@@ -146,7 +146,8 @@ impl<B: AttentionBackend> TransformerLm<B> {
         let config = PagedKvConfig::new(spec.num_layers, spec.num_kv_heads, spec.head_dim)
             .with_block_size(block_size)
             .with_initial_blocks(1);
-        let contiguous_worst = batch.max(1) * spec.context_length * config.token_bytes(4);
+        let elem_bytes = PagedKvPool::<B>::elem_bytes(&self.device);
+        let contiguous_worst = batch.max(1) * spec.context_length * config.token_bytes(elem_bytes);
         let config = config.with_budget_bytes(budget_bytes.unwrap_or(contiguous_worst));
         PagedKvPool::new(config, &self.device).map_err(|e| InferenceError::KvCache(e.to_string()))
     }
@@ -154,6 +155,14 @@ impl<B: AttentionBackend> TransformerLm<B> {
 
 fn model_error(e: impl std::fmt::Display) -> InferenceError {
     InferenceError::Model(e.to_string())
+}
+
+/// A model failure, with a KV cache that could not hold the batch (a paged pool out of budget) reported as such.
+fn forward_error(e: ModelError) -> InferenceError {
+    match e {
+        ModelError::Attention(AttentionError::Cache(message)) => InferenceError::KvCache(message),
+        other => model_error(other),
+    }
 }
 
 /// The batch's token ids as a device tensor.
@@ -322,7 +331,7 @@ fn step_contiguous<B: AttentionBackend>(
             key_padding: None,
         }
     };
-    model.forward_last(ids, step).map_err(model_error)
+    model.forward_last(ids, step).map_err(forward_error)
 }
 
 /// One step over the paged pool: each row stores only its real tokens, so rows hold different numbers of
@@ -381,5 +390,5 @@ fn step_paged<B: AttentionBackend>(
         )),
         key_padding,
     };
-    model.forward_last(ids, step).map_err(model_error)
+    model.forward_last(ids, step).map_err(forward_error)
 }

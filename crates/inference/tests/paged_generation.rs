@@ -144,7 +144,7 @@ fn a_batch_beyond_the_paged_budget_is_a_clear_error() {
         message.contains("KV-cache pool exhausted") && message.contains("raise the budget"),
         "{message}"
     );
-    assert!(matches!(err, InferenceError::Model(_)), "{err:?}");
+    assert!(matches!(err, InferenceError::KvCache(_)), "{err:?}");
 }
 
 #[test]

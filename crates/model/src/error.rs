@@ -83,9 +83,10 @@ pub enum ModelError {
         /// The model's context length.
         context_length: usize,
     },
-    /// The attention kernel or the KV cache rejected its inputs (e.g. a cache holding another batch size).
-    #[error("attention: {0}")]
-    Attention(String),
+    /// The attention kernel, RoPE or the KV cache rejected its inputs (e.g. a cache holding another batch size,
+    /// or a paged pool out of budget: [`ember_attention::AttentionError::Cache`]).
+    #[error("{0}")]
+    Attention(#[from] ember_attention::AttentionError),
     /// A weight could not be quantized (e.g. it holds a NaN), or quantized GGUF blocks did not fit the layer.
     #[error("quantizing `{tensor}`: {message}")]
     Quantization {

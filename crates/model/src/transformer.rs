@@ -348,11 +348,11 @@ impl<B: AttentionBackend> Transformer<B> {
             };
         }
         let rope = match &self.spec.positions {
-            Positions::Rope(config) => Some(
-                self.rope
-                    .get::<B>(config, self.spec.context_length, &device)
-                    .map_err(|e| ModelError::Attention(e.to_string()))?,
-            ),
+            Positions::Rope(config) => Some(self.rope.get::<B>(
+                config,
+                self.spec.context_length,
+                &device,
+            )?),
             Positions::Learned => None,
         };
         let at = At {

@@ -39,8 +39,9 @@ pub(crate) fn flash_forward_cube<R: CubeRuntime, F: FloatElement>(
     );
     let lse = empty_device::<R, F>(client.clone(), device, [batch, q_heads, q_len].into());
     let has_padding = padding.is_some();
-    // Without padding the kernel never reads this argument; any float tensor of the device fills the slot.
-    let padding = padding.unwrap_or_else(|| lse.clone());
+    // Without padding the kernel never reads this argument; an input fills the slot (not an output: one buffer
+    // bound both read-only and writable in a dispatch is a usage conflict on wgpu).
+    let padding = padding.unwrap_or_else(|| q.clone());
     let rows = batch * q_heads * q_len;
     let cube_dim = CubeDim::new(&client, rows);
     let cube_count = calculate_cube_count_elemwise(&client, rows, cube_dim);

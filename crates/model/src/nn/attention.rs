@@ -9,7 +9,7 @@ use ember_attention::{
 };
 
 use super::{Linear, Norm};
-use crate::error::{ModelError, Result};
+use crate::error::Result;
 
 /// Self-attention of one block.
 #[derive(Module, Debug)]
@@ -79,9 +79,7 @@ impl<B: AttentionBackend> SelfAttention<B> {
             };
         }
         let (k, v) = match cache {
-            Some(cache) => cache
-                .append(layer, k, v)
-                .map_err(|e| ModelError::Attention(e.to_string()))?,
+            Some(cache) => cache.append(layer, k, v)?,
             None => (k, v),
         };
         let mut options = AttentionOptions::causal()
@@ -93,8 +91,7 @@ impl<B: AttentionBackend> SelfAttention<B> {
         if let Some(padding) = &at.key_padding {
             options = options.with_key_padding(padding.clone());
         }
-        ember_attention::check_shapes(&q, &k, &v, &options)
-            .map_err(|e| ModelError::Attention(e.to_string()))?;
+        ember_attention::check_shapes(&q, &k, &v, &options)?;
         let out = attention(at.kernel, q, k, v, &options);
         let out = out
             .swap_dims(1, 2)

@@ -126,8 +126,7 @@ impl<B: Backend> PagedKvPool<B> {
                 reason: format!("every dimension must be positive, got {config:?}"),
             });
         }
-        let probe = Tensor::<B, 1>::zeros([1], device);
-        let elem_bytes = probe.dtype().size();
+        let elem_bytes = Self::elem_bytes(device);
         let block_bytes = config.block_bytes(elem_bytes);
         let max_blocks = budget_bytes / block_bytes;
         if max_blocks == 0 {
@@ -152,6 +151,11 @@ impl<B: Backend> PagedKvPool<B> {
             elem_bytes,
             max_blocks,
         })
+    }
+
+    /// Bytes per stored element on `device`: the pool holds the backend's default float type there.
+    pub fn elem_bytes(device: &B::Device) -> usize {
+        Tensor::<B, 1>::zeros([1], device).dtype().size()
     }
 
     /// Bytes of K/V storage allocated now (all blocks, used or free).
