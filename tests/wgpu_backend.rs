@@ -67,8 +67,10 @@ fn wgpu_gradients_match_cpu() {
     );
     // Pre-activations are sums of 32 products of N(0, 1) values (std ~5.7), so GELU's erf/exp run at arguments
     // up to ~20, where Vulkan allows transcendental functions an error of 3 + 2|x| ulp (SPIR-V GLSL.std.450):
-    // tens of ulp, i.e. ~1e-5 relative, and the gradient sums 16 such terms. 1e-4 relative to the largest
-    // gradient bounds that; a wrong kernel (a missing term, a transposed operand) is off by O(1).
+    // tens of ulp, i.e. ~1e-5 relative, and the gradient sums 16 such terms. lavapipe's result also varies from
+    // run to run (reduction order across its threads): identical inputs measured 9.0e-5 and 1.3e-4 in two CI runs
+    // of the same code. 2e-4 relative to the largest gradient (floored at 1) bounds that with margin; a wrong
+    // kernel (a missing term, a transposed operand) is off by O(1).
     let scale = want
         .to_vec::<f32>()
         .unwrap()
@@ -76,7 +78,7 @@ fn wgpu_gradients_match_cpu() {
         .fold(1.0f32, |m, g| m.max(g.abs()));
     let diff = max_abs_diff(want, got);
     assert!(
-        diff < 1e-4 * scale,
+        diff < 2e-4 * scale,
         "max |cpu - wgpu| gradient = {diff} (largest gradient {scale})"
     );
 }
