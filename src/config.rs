@@ -123,6 +123,51 @@ pub struct TrainingConfig {
     pub patience: Option<usize>,
     /// Compute precision: f32, or bf16 with f32 master weights where the backend supports it.
     pub precision: Precision,
+    /// Data-parallel replicas on this machine; `batch_size` is split evenly across them.
+    pub devices: Devices,
+    /// Several machines joined through a burn-collective orchestrator (`ember orchestrator`).
+    pub nodes: Option<NodesConfig>,
+}
+
+/// Data-parallel replicas on this machine: a count (`devices: 2` is devices 0 and 1 of the backend, or two
+/// threads on the one CPU device) or explicit device indices (`devices: [0, 2]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum Devices {
+    /// This many replicas, on device indices `0..count`.
+    Count(usize),
+    /// One replica per listed device index.
+    Indices(Vec<u16>),
+}
+
+impl Default for Devices {
+    fn default() -> Self {
+        Devices::Count(1)
+    }
+}
+
+impl Devices {
+    /// The device index of every replica.
+    pub fn indices(&self) -> Vec<u16> {
+        match self {
+            Devices::Count(n) => (0..*n).map(|i| i as u16).collect(),
+            Devices::Indices(list) => list.clone(),
+        }
+    }
+}
+
+/// This machine's place in a multi-machine data-parallel run.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodesConfig {
+    /// Machines taking part (each runs `ember train` with the same config except `address`).
+    pub count: u32,
+    /// The orchestrator every machine registers with, e.g. `ws://10.0.0.1:3000`.
+    pub orchestrator: String,
+    /// This machine's address as the others reach it, e.g. `ws://10.0.0.2:3001`.
+    pub address: String,
+    /// Port of this machine's tensor data service.
+    pub data_port: u16,
 }
 
 /// Numeric precision of the forward and backward passes.
@@ -226,6 +271,8 @@ impl Default for TrainingConfig {
             checkpoint_interval: 500,
             patience: None,
             precision: Precision::F32,
+            devices: Devices::default(),
+            nodes: None,
         }
     }
 }
@@ -381,6 +428,30 @@ impl RunConfig {
             ));
         }
         let t = &self.training;
+        let replicas = t.devices.indices().len();
+        if replicas == 0 || replicas > u16::MAX as usize {
+            return Err(invalid(
+                "training.devices",
+                "expected a positive count or a non-empty list of device indices".into(),
+            ));
+        }
+        if !t.batch_size.is_multiple_of(replicas) {
+            return Err(invalid(
+                "training.devices",
+                format!(
+                    "{replicas} data-parallel replicas must divide training.batch_size ({})",
+                    t.batch_size
+                ),
+            ));
+        }
+        if let Some(nodes) = &t.nodes
+            && nodes.count == 0
+        {
+            return Err(invalid(
+                "training.nodes.count",
+                "expected a positive number of machines, found 0".into(),
+            ));
+        }
         for (key, value) in [
             ("training.learning_rate", t.learning_rate),
             ("training.eps", t.eps),

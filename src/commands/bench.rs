@@ -15,11 +15,12 @@ use ember_bench::{
 };
 use ember_inference::{KvCacheKind, ModelAssets, Precision};
 use ember_model::{AttentionBackend, AttentionKernel, ModelSpec, Positions, Transformer};
-use ember_training::{HfModelStore, InMemoryData};
+use ember_training::{DataParallelSettings, HfModelStore, InMemoryData};
 
 use crate::Context;
 use crate::backend::{BackendJob, BackendKind, SystemProbe, run_on, select};
 use crate::commands::precision::QuantizeArgs;
+use crate::commands::train::replica_devices;
 use crate::config::RunConfig;
 
 /// Which suite `--suite` runs.
@@ -343,6 +344,7 @@ impl BenchJob {
             seq_len: args.seq_len.unwrap_or(m.block_size),
             steps: args.runs,
             warmup: args.warmup,
+            replicas: 1,
         };
         if settings.seq_len > m.block_size {
             bail!(
@@ -351,6 +353,8 @@ impl BenchJob {
                 m.block_size
             );
         }
+        let (device, devices) = replica_devices::<B>(&config.training, device.clone());
+        let device = &device;
         let model = Transformer::<Autodiff<B>>::init(&spec, config.seed, device)
             .context("building the model")?
             .with_kernel(kernel);
@@ -375,6 +379,10 @@ impl BenchJob {
             &mut data,
             &HfModelStore::default(),
             settings,
+            DataParallelSettings {
+                devices,
+                nodes: None,
+            },
             &run_dir,
             &MonotonicClock::new(),
         );

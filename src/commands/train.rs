@@ -9,18 +9,19 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use burn::backend::Autodiff;
+use burn::tensor::backend::{Device as _, DeviceId};
 use ember_dataset::{DocumentEncoder, PrepareOptions, Split, TokenDataset, stable_hash};
 use ember_model::{AttentionBackend, AttentionKernel, ModelSpec, Positions, Transformer};
 use ember_tokenizer::{NoProgress, Tokenizer};
 use ember_training::{
-    AdamWConfig, CosineSchedule, DecayPolicy, HfModelStore, MetricsRecord, Observer, ShardData,
-    StepReport, TrainSettings, TrainSummary,
+    AdamWConfig, CosineSchedule, DataParallelSettings, DecayPolicy, HfModelStore, MetricsRecord,
+    NodeSettings, Observer, ShardData, StepReport, TrainSettings, TrainSummary,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::Context;
 use crate::backend::BackendJob;
-use crate::config::{Precision, RunConfig};
+use crate::config::{Precision, RunConfig, TrainingConfig};
 
 /// Flags of `ember train`.
 #[derive(clap::Args, Debug)]
@@ -144,6 +145,16 @@ fn settings(
         run_dir,
         resume: args.resume,
         config: config_json,
+        // Device indices; the backend job turns them into its devices.
+        data_parallel: DataParallelSettings {
+            devices: Vec::new(),
+            nodes: t.nodes.as_ref().map(|n| NodeSettings {
+                count: n.count,
+                orchestrator: n.orchestrator.clone(),
+                address: n.address.clone(),
+                data_port: n.data_port,
+            }),
+        },
     })
 }
 
@@ -281,6 +292,28 @@ fn ensure_dataset(
     Ok(dir)
 }
 
+/// The model's device and the data-parallel replicas' devices (empty for one replica) from `training.devices`:
+/// index `i` is device `i` of the kind the backend selected (CUDA ordinal, wgpu adapter); the CPU backends have
+/// one device, which every replica shares (the replicas are threads).
+pub(crate) fn replica_devices<B: AttentionBackend>(
+    training: &TrainingConfig,
+    selected: B::Device,
+) -> (B::Device, Vec<DeviceId>) {
+    let indices = training.devices.indices();
+    if indices.len() <= 1 && training.nodes.is_none() {
+        return (selected, Vec::new());
+    }
+    let kind = selected.to_id().type_id;
+    let ids: Vec<DeviceId> = indices
+        .iter()
+        .map(|&index_id| DeviceId {
+            type_id: kind,
+            index_id,
+        })
+        .collect();
+    (B::Device::from_id(ids[0]), ids)
+}
+
 /// The monomorphised part of `ember train`.
 struct TrainJob {
     config: RunConfig,
@@ -294,7 +327,9 @@ struct TrainJob {
 impl BackendJob for TrainJob {
     type Output = anyhow::Result<TrainSummary>;
 
-    fn run<B: AttentionBackend>(self, device: B::Device) -> anyhow::Result<TrainSummary> {
+    fn run<B: AttentionBackend>(mut self, device: B::Device) -> anyhow::Result<TrainSummary> {
+        let (device, devices) = replica_devices::<B>(&self.config.training, device);
+        self.settings.data_parallel.devices = devices;
         let m = &self.config.model;
         let mut spec = ModelSpec::llama_style(
             self.tokenizer.vocab_size(),

@@ -230,6 +230,13 @@ pub struct TrainSettings {
     pub steps: usize,
     /// Discarded steps.
     pub warmup: usize,
+    /// Data-parallel replicas the batch was split across (reports from before replicas existed read as 1).
+    #[serde(default = "one")]
+    pub replicas: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// Figures of the training suite.

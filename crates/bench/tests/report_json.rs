@@ -28,6 +28,7 @@ fn every_report_kind_survives_a_json_round_trip() {
             seq_len: 256,
             steps: 5,
             warmup: 1,
+            replicas: 2,
         },
         parameters: 1_234_567,
         step_time_ms: Percentiles {

@@ -116,6 +116,11 @@ impl<B: Backend> Gradients<B> {
         Gradients { tensors }
     }
 
+    /// The flattened gradients keyed by parameter path, in name order.
+    pub fn into_tensors(self) -> BTreeMap<String, Tensor<B, 1>> {
+        self.tensors
+    }
+
     /// The flattened gradient of the parameter at `name`.
     pub fn get(&self, name: &str) -> Option<&Tensor<B, 1>> {
         self.tensors.get(name)

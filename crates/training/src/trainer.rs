@@ -9,6 +9,7 @@ use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::adamw::{AdamW, AdamWConfig};
+use crate::data_parallel::{DataParallel, DataParallelSettings};
 use crate::checkpoint::{OPTIMIZER_FILE, TrainerState, resolve_checkpoint, write_atomically};
 use crate::loss::{cross_entropy, inputs_and_targets};
 use crate::metrics::{MetricsLog, MetricsRecord};
@@ -56,6 +57,8 @@ pub struct TrainSettings {
     pub patience: Option<usize>,
     /// Compute precision.
     pub precision: Precision,
+    /// Data-parallel replicas (devices, and machines); the default trains on the model's device alone.
+    pub data_parallel: DataParallelSettings,
     /// Output directory: `metrics.jsonl`, `loss.png`, `best/`, `last/`.
     pub run_dir: PathBuf,
     /// Continue from `run_dir/last` instead of starting afresh.
@@ -139,7 +142,7 @@ pub fn train<AB, M>(
 ) -> Result<TrainSummary, TrainError>
 where
     AB: AutodiffBackend,
-    M: AutodiffModule<AB> + LanguageModel<AB>,
+    M: AutodiffModule<AB> + LanguageModel<AB> + Send + 'static,
     M::InnerModule: LanguageModel<AB::InnerBackend>,
 {
     if settings.precision == Precision::Bf16 {
@@ -181,6 +184,19 @@ where
             state.step
         ));
     }
+    let mut parallel = DataParallel::<AB, M>::start(&settings.data_parallel)?;
+    if let Some(parallel) = &parallel {
+        observer.on_message(&format!(
+            "data-parallel: {} replicas on this machine{}",
+            parallel.replicas(),
+            settings
+                .data_parallel
+                .nodes
+                .as_ref()
+                .map(|n| format!(", {} machines", n.count))
+                .unwrap_or_default()
+        ));
+    }
     let mut metrics = MetricsLog::open(&settings.run_dir.join("metrics.jsonl"), state.step)?;
     let tokens_per_step =
         (settings.batch_size * settings.block_size * settings.grad_accum_steps) as u64;
@@ -206,7 +222,7 @@ where
         }
         let lr = settings.schedule.lr(state.step);
         let (loss, grad_norm, next) =
-            train_step(model, data, &mut optimizer, settings, lr, &device)?;
+            train_step(model, data, &mut optimizer, settings, lr, &device, parallel.as_mut())?;
         model = next;
         state.step += 1;
         state.tokens_seen += tokens_per_step;
@@ -310,12 +326,25 @@ fn train_step<AB, M>(
     settings: &TrainSettings,
     lr: f64,
     device: &AB::Device,
+    parallel: Option<&mut DataParallel<AB, M>>,
 ) -> Result<(f64, f64, M), TrainError>
 where
     AB: AutodiffBackend,
-    M: AutodiffModule<AB> + LanguageModel<AB>,
+    M: AutodiffModule<AB> + LanguageModel<AB> + Send + 'static,
 {
     let micro_batches = settings.grad_accum_steps;
+    if let Some(parallel) = parallel {
+        let rows = (0..micro_batches)
+            .map(|_| {
+                data.next_batch()
+                    .map_err(|e| external("reading a training batch".into(), e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let (loss, mut grads) = parallel.gradients(&model, &rows, settings.block_size)?;
+        let norm = grads.clip_global_norm(settings.grad_clip);
+        let model = optimizer.step(lr, model, &grads);
+        return Ok((loss, norm, model));
+    }
     let mut grads: Option<Gradients<AB::InnerBackend>> = None;
     let mut loss_sum = 0.0;
     for _ in 0..micro_batches {

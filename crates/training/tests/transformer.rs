@@ -54,6 +54,7 @@ fn settings(run_dir: &std::path::Path, max_steps: usize, resume: bool) -> TrainS
         checkpoint_interval: 4,
         patience: None,
         precision: Precision::F32,
+        data_parallel: Default::default(),
         run_dir: run_dir.to_path_buf(),
         resume,
         config: serde_json::Value::Null,

@@ -14,10 +14,14 @@ use crate::AttentionError;
 #[derive(Clone, Debug)]
 pub struct Rope<B: Backend> {
     config: RopeConfig,
-    /// `[max_positions, rotary_dim / 2]`.
+    /// `[max_positions, head_dim]`: each angle's cosine at both dimensions of its pair, 1 on dimensions past
+    /// `rotary_dim`.
     cos: Tensor<B, 2>,
-    /// `[max_positions, rotary_dim / 2]`.
+    /// `[max_positions, head_dim]`: each angle's sine at both dimensions of its pair, 0 past `rotary_dim`.
     sin: Tensor<B, 2>,
+    /// `[head_dim, head_dim]`: the signed permutation that maps each pair `(a, b)` to `(-b, a)` in the
+    /// configured layout (zero columns past `rotary_dim`).
+    rotation: Tensor<B, 2>,
 }
 
 impl<B: Backend> Rope<B> {
@@ -32,7 +36,13 @@ impl<B: Backend> Rope<B> {
     ) -> Result<Self, AttentionError> {
         config.validate()?;
         let (cos, sin) = tables(&config, 0, max_positions, max_positions, device);
-        Ok(Self { config, cos, sin })
+        let rotation = rotation(&config, device);
+        Ok(Self {
+            config,
+            cos,
+            sin,
+            rotation,
+        })
     }
 
     /// The configuration.
@@ -50,11 +60,10 @@ impl<B: Backend> Rope<B> {
     /// # Panics
     /// If `x`'s last dimension is not the configured `head_dim`.
     pub fn apply(&self, x: Tensor<B, 4>, position_offset: usize) -> Tensor<B, 4> {
-        let [_, _, seq, _] = x.dims();
+        let [_, _, seq, head_dim] = x.dims();
         let end = position_offset + seq;
-        let half = self.config.rotary_dim / 2;
         let (cos, sin) = if end <= self.max_positions() && !self.config.needs_dynamic_tables(end) {
-            let rows = [position_offset..end, 0..half];
+            let rows = [position_offset..end, 0..head_dim];
             (
                 self.cos.clone().slice(rows.clone()),
                 self.sin.clone().slice(rows),
@@ -64,8 +73,8 @@ impl<B: Backend> Rope<B> {
         };
         self.rotate(
             x,
-            cos.reshape([1, 1, seq, half]),
-            sin.reshape([1, 1, seq, half]),
+            cos.reshape([1, 1, seq, head_dim]),
+            sin.reshape([1, 1, seq, head_dim]),
         )
     }
 
@@ -77,7 +86,7 @@ impl<B: Backend> Rope<B> {
     /// If `x`'s last dimension is not `head_dim`, or `positions` is not `[batch, seq]` or holds negatives.
     pub fn apply_at(&self, x: Tensor<B, 4>, positions: Tensor<B, 2, Int>) -> Tensor<B, 4> {
         let [batch, seq] = positions.dims();
-        let half = self.config.rotary_dim / 2;
+        let head_dim = self.config.head_dim;
         // One scalar read: it decides whether the cached table covers every position.
         let needed = positions.clone().max().into_scalar().elem::<i64>() + 1;
         let needed = usize::try_from(needed).expect("rope positions must be non-negative");
@@ -89,11 +98,15 @@ impl<B: Backend> Rope<B> {
             };
         let flat = positions.reshape([batch * seq]);
         let gather =
-            |table: Tensor<B, 2>| table.select(0, flat.clone()).reshape([batch, 1, seq, half]);
+            |table: Tensor<B, 2>| table.select(0, flat.clone()).reshape([batch, 1, seq, head_dim]);
         self.rotate(x, gather(cos), gather(sin))
     }
 
-    /// Rotates the first `rotary_dim` dimensions of `x` by angles whose cos/sin are `[batch | 1, 1, seq, half]`.
+    /// Rotates `x` by angles whose full-width cos/sin are `[batch | 1, 1, seq, head_dim]`:
+    /// `x * cos + (x @ rotation) * sin`. For a pair `(a, b)` that is `(a cos - b sin, b cos + a sin)`, bit for bit
+    /// (the rotation only moves and negates values), and every operation runs on contiguous data: the rows are one
+    /// small matmul, and the tables broadcast along whole rows, where slicing the two halves apart would make
+    /// every multiply and its gradient walk strided views.
     fn rotate(&self, x: Tensor<B, 4>, cos: Tensor<B, 4>, sin: Tensor<B, 4>) -> Tensor<B, 4> {
         let [batch, heads, seq, head_dim] = x.dims();
         assert_eq!(
@@ -101,47 +114,49 @@ impl<B: Backend> Rope<B> {
             "rope: input has head_dim {head_dim}, the config says {}",
             self.config.head_dim
         );
-        let (cos, sin) = (cos.cast(x.dtype()), sin.cast(x.dtype()));
-        let rot = self.config.rotary_dim;
-        let half = rot / 2;
-        let x_rot = x.clone().slice([0..batch, 0..heads, 0..seq, 0..rot]);
-        let rotated = match self.config.layout {
-            RopeLayout::RotateHalf => {
-                let x1 = x_rot.clone().slice([0..batch, 0..heads, 0..seq, 0..half]);
-                let x2 = x_rot.slice([0..batch, 0..heads, 0..seq, half..rot]);
-                let out1 = x1.clone().mul(cos.clone()).sub(x2.clone().mul(sin.clone()));
-                let out2 = x2.mul(cos).add(x1.mul(sin));
-                Tensor::cat(vec![out1, out2], 3)
-            }
-            RopeLayout::Interleaved => {
-                let pairs = x_rot.reshape([batch, heads, seq, half, 2]);
-                let pick = |i: usize| {
-                    pairs
-                        .clone()
-                        .slice([0..batch, 0..heads, 0..seq, 0..half, i..i + 1])
-                        .reshape([batch, heads, seq, half])
-                };
-                let (even, odd) = (pick(0), pick(1));
-                let out_even = even
-                    .clone()
-                    .mul(cos.clone())
-                    .sub(odd.clone().mul(sin.clone()));
-                let out_odd = odd.mul(cos).add(even.mul(sin));
-                Tensor::stack::<5>(vec![out_even, out_odd], 4).reshape([batch, heads, seq, rot])
-            }
+        let dtype = x.dtype();
+        // Rows of `seq * head_dim`: a table shared by every batch row and head is then one contiguous row that
+        // burn-flex broadcasts with its SIMD path (a `[seq, head_dim]` table over `[batch, heads]` is not).
+        let span = seq * head_dim;
+        let table = |t: Tensor<B, 4>| {
+            let rows = t.dims()[0];
+            t.cast(dtype).reshape([rows, 1, span])
         };
-        if rot == head_dim {
-            rotated
-        } else {
-            let pass = x.slice([0..batch, 0..heads, 0..seq, rot..head_dim]);
-            Tensor::cat(vec![rotated, pass], 3)
-        }
+        let (cos, sin) = (table(cos), table(sin));
+        let rows = x.reshape([batch * heads * seq, head_dim]);
+        let turned = rows
+            .clone()
+            .matmul(self.rotation.clone().cast(dtype))
+            .reshape([batch, heads, span]);
+        let rotated = rows.reshape([batch, heads, span]) * cos + turned * sin;
+        rotated.reshape([batch, heads, seq, head_dim])
     }
 }
 
-/// cos/sin `[end - start, rotary_dim / 2]` of positions `start..end`, with frequencies for a sequence of
-/// `seq_len` positions. Angles are `f32(position) * f32(inv_freq)` in f32, as Hugging Face computes them,
-/// so tables match reference checkpoints' numerics.
+/// The pairs `(first, second)` of dimensions RoPE rotates together, in the configured layout.
+fn pairs(config: &RopeConfig) -> impl Iterator<Item = (usize, usize)> {
+    let half = config.rotary_dim / 2;
+    let layout = config.layout;
+    (0..half).map(move |k| match layout {
+        RopeLayout::RotateHalf => (k, k + half),
+        RopeLayout::Interleaved => (2 * k, 2 * k + 1),
+    })
+}
+
+/// `[head_dim, head_dim]` with `(x @ R)` mapping each pair `(a, b)` of `x` to `(-b, a)` and other dimensions to 0.
+fn rotation<B: Backend>(config: &RopeConfig, device: &B::Device) -> Tensor<B, 2> {
+    let d = config.head_dim;
+    let mut r = vec![0f32; d * d];
+    for (first, second) in pairs(config) {
+        r[second * d + first] = -1.0;
+        r[first * d + second] = 1.0;
+    }
+    Tensor::from_data(TensorData::new(r, [d, d]), device)
+}
+
+/// Full-width cos/sin `[end - start, head_dim]` of positions `start..end` (see [`Rope`]'s fields), with
+/// frequencies for a sequence of `seq_len` positions. Angles are `f32(position) * f32(inv_freq)` in f32, as
+/// Hugging Face computes them, so tables match reference checkpoints' numerics.
 fn tables<B: Backend>(
     config: &RopeConfig,
     start: usize,
@@ -150,13 +165,21 @@ fn tables<B: Backend>(
     device: &B::Device,
 ) -> (Tensor<B, 2>, Tensor<B, 2>) {
     let inv_freq = config.inv_freq(seq_len);
-    let half = inv_freq.len();
-    let angles: Vec<f32> = (start..end)
-        .flat_map(|pos| inv_freq.iter().map(move |f| pos as f32 * f))
-        .collect();
-    let cos: Vec<f32> = angles.iter().map(|a| f64::from(*a).cos() as f32).collect();
-    let sin: Vec<f32> = angles.iter().map(|a| f64::from(*a).sin() as f32).collect();
-    let shape = [end - start, half];
+    let d = config.head_dim;
+    let rows = end - start;
+    let mut cos = vec![1f32; rows * d];
+    let mut sin = vec![0f32; rows * d];
+    for (row, pos) in (start..end).enumerate() {
+        for ((first, second), f) in pairs(config).zip(&inv_freq) {
+            let angle = f64::from(pos as f32 * f);
+            let (c, s) = (angle.cos() as f32, angle.sin() as f32);
+            for j in [first, second] {
+                cos[row * d + j] = c;
+                sin[row * d + j] = s;
+            }
+        }
+    }
+    let shape = [rows, d];
     (
         Tensor::from_data(TensorData::new(cos, shape), device),
         Tensor::from_data(TensorData::new(sin, shape), device),

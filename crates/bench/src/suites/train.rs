@@ -8,7 +8,7 @@ use std::time::Duration;
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use ember_training::{
-    AdamWConfig, CosineSchedule, LanguageModel, ModelStore, Observer, Precision, StepReport,
+    AdamWConfig, CosineSchedule, DataParallelSettings, LanguageModel, ModelStore, Observer, Precision, StepReport,
     TrainData, TrainSettings, train,
 };
 
@@ -31,7 +31,11 @@ impl Observer for StepClock<'_> {
 
 /// Loop settings that do nothing but train for `warmup + steps` steps: no logging, validation or checkpoint
 /// inside the timed steps (the loop's final validation and checkpoint come after the last mark).
-fn loop_settings(s: &BenchTrainSettings, run_dir: &Path) -> TrainSettings {
+fn loop_settings(
+    s: &BenchTrainSettings,
+    run_dir: &Path,
+    data_parallel: DataParallelSettings,
+) -> TrainSettings {
     let total = s.warmup + s.steps;
     let never = total + 1;
     TrainSettings {
@@ -53,6 +57,7 @@ fn loop_settings(s: &BenchTrainSettings, run_dir: &Path) -> TrainSettings {
         checkpoint_interval: never,
         patience: None,
         precision: Precision::F32,
+        data_parallel,
         run_dir: run_dir.to_path_buf(),
         resume: false,
         config: serde_json::Value::Null,
@@ -63,19 +68,21 @@ fn loop_settings(s: &BenchTrainSettings, run_dir: &Path) -> TrainSettings {
 /// should be a scratch directory), and reports the time of each measured step.
 ///
 /// Step `i` is timed from the end of step `i - 1` to the end of step `i`, so at least one warm-up step is
-/// required; `data` must yield batches of `settings.batch` rows of `settings.seq_len + 1` tokens.
+/// required; `data` must yield batches of `settings.batch` rows of `settings.seq_len + 1` tokens. With several
+/// `data_parallel` replicas each batch is split across them (the report's `settings.replicas`).
 pub fn run_train_suite<AB, M>(
     model: M,
     parameters: u64,
     data: &mut dyn TrainData,
     store: &dyn ModelStore<M>,
     settings: BenchTrainSettings,
+    data_parallel: DataParallelSettings,
     run_dir: &Path,
     clock: &dyn Clock,
 ) -> Result<TrainSuite, BenchError>
 where
     AB: AutodiffBackend,
-    M: AutodiffModule<AB> + LanguageModel<AB>,
+    M: AutodiffModule<AB> + LanguageModel<AB> + Send + 'static,
     M::InnerModule: LanguageModel<AB::InnerBackend>,
 {
     if settings.warmup == 0 || settings.steps == 0 || settings.batch == 0 || settings.seq_len == 0 {
@@ -85,7 +92,9 @@ where
                 .into(),
         ));
     }
-    let loop_settings = loop_settings(&settings, run_dir);
+    let mut settings = settings;
+    settings.replicas = data_parallel.replicas();
+    let loop_settings = loop_settings(&settings, run_dir, data_parallel);
     let mut observer = StepClock {
         clock,
         marks: Vec::new(),

@@ -1,0 +1,346 @@
+//! Data-parallel gradients on burn's collective engine (`burn-collective`): one model replica per device, each
+//! computing the gradients of its share of every batch, averaged across replicas with an all-reduce.
+//!
+//! The trainer's thread is replica 0 and owns the model and optimizer; replicas 1.. run on worker threads. Each
+//! optimiser step sends every worker the current model (a cheap clone: parameters are shared, immutable tensors),
+//! which it forks onto its device so that its autodiff graph is its own. Every replica all-reduces its gradients
+//! (mean, parameters in name order) and replica 0 applies AdamW: with equal shards, the mean of the replicas'
+//! mean-loss gradients is the gradient of the whole batch's mean loss, so N replicas of batch `b / N` follow the
+//! single-device run of batch `b` up to floating-point summation order.
+//!
+//! burn-collective keeps one session per backend type and process, so [`DataParallel`] takes a process-wide lock:
+//! a second data-parallel run in the same process waits for the first to finish.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use burn::module::AutodiffModule;
+use burn::tensor::backend::{AutodiffBackend, Backend, Device as _, DeviceId};
+use burn::tensor::{ElementConversion, Tensor, TensorPrimitive};
+use burn_collective::{
+    CollectiveConfig, PeerId, ReduceOperation, all_reduce, finish_collective, register,
+    reset_collective,
+};
+
+use crate::TrainError;
+use crate::loss::{cross_entropy, inputs_and_targets};
+use crate::model_io::LanguageModel;
+use crate::params::Gradients;
+
+/// Where the replicas of a data-parallel run live.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DataParallelSettings {
+    /// One entry per replica, the first being the model's own device. Empty, or a single entry, trains on the
+    /// model's device alone. On a CPU backend every entry is the one CPU device: the replicas are threads.
+    pub devices: Vec<DeviceId>,
+    /// Several machines, each running this many `devices`, joined through a burn-collective orchestrator.
+    pub nodes: Option<NodeSettings>,
+}
+
+impl DataParallelSettings {
+    /// Replicas on this machine (at least 1).
+    pub fn replicas(&self) -> usize {
+        self.devices.len().max(1)
+    }
+}
+
+/// One machine's place in a multi-machine run (burn-collective's global level).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSettings {
+    /// Machines taking part.
+    pub count: u32,
+    /// WebSocket address of the orchestrator every node registers with, e.g. `ws://10.0.0.1:3000`.
+    pub orchestrator: String,
+    /// This node's own address as the others reach it, e.g. `ws://10.0.0.2:3001`.
+    pub address: String,
+    /// Port of this node's tensor data service.
+    pub data_port: u16,
+}
+
+/// One step's work for a worker replica.
+struct Job<M> {
+    model: M,
+    /// The worker's rows of each micro-batch.
+    shards: Vec<Vec<u32>>,
+    block_size: usize,
+}
+
+struct Worker<M> {
+    jobs: Sender<Job<M>>,
+    losses: Receiver<Result<f64, String>>,
+    thread: JoinHandle<()>,
+}
+
+/// A running data-parallel session: the worker replicas and their collective registration.
+pub struct DataParallel<AB: AutodiffBackend, M> {
+    workers: Vec<Worker<M>>,
+    devices: Vec<AB::Device>,
+    _session: MutexGuard<'static, ()>,
+}
+
+/// burn-collective's server is one per backend type and process; a run holds this for its lifetime.
+static SESSION: Mutex<()> = Mutex::new(());
+
+fn collective_error(what: &str, error: impl std::fmt::Debug) -> TrainError {
+    TrainError::External {
+        context: format!("data-parallel {what}"),
+        message: format!("{error:?}"),
+    }
+}
+
+impl<AB, M> DataParallel<AB, M>
+where
+    AB: AutodiffBackend,
+    M: AutodiffModule<AB> + LanguageModel<AB> + Send + 'static,
+{
+    /// Starts one worker thread per device after the first and registers every replica with burn-collective.
+    /// Returns `None` when the settings ask for a single replica on a single node.
+    pub fn start(settings: &DataParallelSettings) -> Result<Option<Self>, TrainError> {
+        if settings.replicas() == 1 && settings.nodes.is_none() {
+            return Ok(None);
+        }
+        let session = SESSION.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        reset_collective::<AB::InnerBackend>();
+        let config = collective_config(settings)?;
+        let devices: Vec<AB::Device> = if settings.devices.is_empty() {
+            vec![AB::Device::default()]
+        } else {
+            settings
+                .devices
+                .iter()
+                .map(|&id| AB::Device::from_id(id))
+                .collect()
+        };
+        let mut workers = Vec::with_capacity(devices.len() - 1);
+        for (index, device) in devices.iter().enumerate().skip(1) {
+            let (jobs, job_rx) = channel::<Job<M>>();
+            let (loss_tx, losses) = channel();
+            let device = device.clone();
+            let config = config.clone();
+            let peer = PeerId::from(index as u32);
+            let thread = std::thread::Builder::new()
+                .name(format!("ember-replica-{index}"))
+                .spawn(move || worker_loop::<AB, M>(peer, device, config, job_rx, loss_tx))
+                .map_err(|e| collective_error("worker start", e))?;
+            workers.push(Worker {
+                jobs,
+                losses,
+                thread,
+            });
+        }
+        register::<AB::InnerBackend>(PeerId::from(0), devices[0].clone(), config)
+            .map_err(|e| collective_error("registration", e))?;
+        Ok(Some(DataParallel {
+            workers,
+            devices,
+            _session: session,
+        }))
+    }
+
+    /// Replicas on this machine.
+    pub fn replicas(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// The gradients of one optimiser step, averaged over every replica (and node), and the step's mean loss.
+    ///
+    /// `micro_batches` are whole micro-batches of `rows x (block_size + 1)` tokens; each is split row-wise into
+    /// one equal shard per replica (the row count must divide evenly). Replica 0's share runs on this thread.
+    pub fn gradients(
+        &mut self,
+        model: &M,
+        micro_batches: &[Vec<u32>],
+        block_size: usize,
+    ) -> Result<(f64, Gradients<AB::InnerBackend>), TrainError> {
+        let replicas = self.replicas();
+        let mut shards: Vec<Vec<Vec<u32>>> = vec![Vec::with_capacity(micro_batches.len()); replicas];
+        for rows in micro_batches {
+            let width = block_size + 1;
+            let batch = rows.len() / width;
+            if !batch.is_multiple_of(replicas) {
+                return Err(TrainError::Unsupported {
+                    key: "training.batch_size".into(),
+                    message: format!(
+                        "{batch} rows per micro-batch cannot be split evenly across {replicas} data-parallel replicas"
+                    ),
+                });
+            }
+            let per = batch / replicas * width;
+            for (replica, shard) in rows.chunks_exact(per).enumerate() {
+                shards[replica].push(shard.to_vec());
+            }
+        }
+        let mut shards = shards.into_iter();
+        let own = shards.next().unwrap_or_default();
+        for (worker, shard) in self.workers.iter().zip(shards) {
+            worker
+                .jobs
+                .send(Job {
+                    model: model.clone(),
+                    shards: shard,
+                    block_size,
+                })
+                .map_err(|_| collective_error("step", "a worker replica stopped"))?;
+        }
+        let device = self.devices[0].clone();
+        let local = catch_unwind(AssertUnwindSafe(|| {
+            shard_gradients::<AB, M>(model, &own, block_size, &device)
+        }))
+        .unwrap_or_else(|panic| Err(panic_message(panic)));
+        let reduced = reduce_step::<AB::InnerBackend>(PeerId::from(0), local, &device);
+        let mut loss = 0.0;
+        let mut first_error = None;
+        for worker in &self.workers {
+            match worker.losses.recv() {
+                Ok(Ok(worker_loss)) => loss += worker_loss,
+                Ok(Err(e)) => {
+                    first_error.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_error.get_or_insert("a worker replica stopped".into());
+                }
+            }
+        }
+        // A worker's own error says more than replica 0's "another replica failed".
+        match (reduced, first_error) {
+            (Ok((own_loss, grads)), None) => Ok(((loss + own_loss) / self.replicas() as f64, grads)),
+            (_, Some(message)) | (Err(message), None) => Err(TrainError::External {
+                context: "data-parallel step".into(),
+                message,
+            }),
+        }
+    }
+}
+
+impl<AB: AutodiffBackend, M> Drop for DataParallel<AB, M> {
+    fn drop(&mut self) {
+        for worker in self.workers.drain(..) {
+            drop(worker.jobs);
+            let _ = worker.thread.join();
+        }
+        let _ = finish_collective::<AB::InnerBackend>(PeerId::from(0));
+    }
+}
+
+fn collective_config(settings: &DataParallelSettings) -> Result<CollectiveConfig, TrainError> {
+    let config = CollectiveConfig::default().with_num_devices(settings.replicas());
+    let Some(nodes) = &settings.nodes else {
+        return Ok(config);
+    };
+    let address = |key: &str, value: &str| {
+        value
+            .parse()
+            .map_err(|e: String| TrainError::Unsupported {
+                key: format!("training.nodes.{key}"),
+                message: format!("`{value}` is not an address: {e}"),
+            })
+    };
+    Ok(config
+        .with_num_nodes(nodes.count)
+        .with_global_address(address("orchestrator", &nodes.orchestrator)?)
+        .with_node_address(address("address", &nodes.address)?)
+        .with_data_service_port(nodes.data_port))
+}
+
+fn worker_loop<AB, M>(
+    peer: PeerId,
+    device: AB::Device,
+    config: CollectiveConfig,
+    jobs: Receiver<Job<M>>,
+    losses: Sender<Result<f64, String>>,
+) where
+    AB: AutodiffBackend,
+    M: AutodiffModule<AB> + LanguageModel<AB>,
+{
+    if let Err(e) = register::<AB::InnerBackend>(peer, device.clone(), config) {
+        let _ = losses.send(Err(format!("registering replica {peer}: {e:?}")));
+        return;
+    }
+    for job in jobs {
+        let local = catch_unwind(AssertUnwindSafe(|| {
+            // Forking gives the replica its own autodiff leaves on its device, so its backward pass never touches
+            // the graph of the trainer's thread.
+            let model = job.model.fork(&device);
+            shard_gradients::<AB, M>(&model, &job.shards, job.block_size, &device)
+        }))
+        .unwrap_or_else(|panic| Err(panic_message(panic)));
+        let result =
+            reduce_step::<AB::InnerBackend>(peer, local, &device).map(|(loss, _)| loss);
+        if losses.send(result).is_err() {
+            break;
+        }
+    }
+    let _ = finish_collective::<AB::InnerBackend>(peer);
+}
+
+/// Forward and backward of one replica's shards: the summed loss (each micro-batch's mean loss divided by the
+/// micro-batch count) and the accumulated gradients.
+fn shard_gradients<AB, M>(
+    model: &M,
+    shards: &[Vec<u32>],
+    block_size: usize,
+    device: &AB::Device,
+) -> Result<(f64, Gradients<AB::InnerBackend>), String>
+where
+    AB: AutodiffBackend,
+    M: AutodiffModule<AB> + LanguageModel<AB>,
+{
+    let mut grads: Option<Gradients<AB::InnerBackend>> = None;
+    let mut loss_sum = 0.0;
+    for rows in shards {
+        let (inputs, targets) = inputs_and_targets::<AB>(rows, block_size, device);
+        let logits = model.logits(inputs).map_err(|e| format!("forward pass: {e}"))?;
+        let loss = cross_entropy(logits, targets).div_scalar(shards.len() as f64);
+        loss_sum += loss.clone().into_scalar().elem::<f64>();
+        let micro = Gradients::from_backward(model, loss.backward());
+        match grads.as_mut() {
+            Some(total) => total.accumulate(micro),
+            None => grads = Some(micro),
+        }
+    }
+    grads
+        .map(|g| (loss_sum, g))
+        .ok_or_else(|| "a replica received no rows".to_string())
+}
+
+/// All-reduces one replica's step. Every replica first all-reduces a failure count, so that when one replica's
+/// forward pass failed none of them waits forever in the gradient all-reduce; then the gradients, parameter by
+/// parameter in name order (the same order on every replica).
+fn reduce_step<B: Backend>(
+    peer: PeerId,
+    local: Result<(f64, Gradients<B>), String>,
+    device: &B::Device,
+) -> Result<(f64, Gradients<B>), String> {
+    let failed = if local.is_err() { 1.0f32 } else { 0.0 };
+    let flag = Tensor::<B, 1>::from_floats([failed], device);
+    let flag = all_reduce::<B>(peer, flag.into_primitive().tensor(), ReduceOperation::Sum)
+        .map_err(|e| format!("all-reduce: {e:?}"))?;
+    let failures = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(flag))
+        .into_scalar()
+        .elem::<f32>();
+    let (loss, grads) = local?;
+    if failures > 0.0 {
+        return Err("another replica failed".into());
+    }
+    let mut reduced = std::collections::BTreeMap::new();
+    for (name, grad) in grads.into_tensors() {
+        let sum = all_reduce::<B>(peer, grad.into_primitive().tensor(), ReduceOperation::Mean)
+            .map_err(|e| format!("all-reduce of `{name}`: {e:?}"))?;
+        reduced.insert(
+            name,
+            Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(sum)),
+        );
+    }
+    Ok((loss, Gradients::from_tensors(reduced)))
+}
+
+fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    let text = panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".into());
+    format!("a replica panicked: {text}")
+}
