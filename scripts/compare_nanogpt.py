@@ -73,6 +73,9 @@ def main():
     ap.add_argument("--run", required=True, help="ember run directory (its best/tokenizer.json is used)")
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-steps", type=int, default=None,
+                    help="schedule length [default: the config's training.max_steps]; set it so that the cosine "
+                         "ends at --minutes for an equal-wall-time comparison")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(1337)
@@ -103,7 +106,7 @@ def main():
         betas=(t.get("beta1", 0.9), t.get("beta2", 0.95)),
     )
     peak, floor = t.get("learning_rate", 1e-3), t.get("min_learning_rate", 1e-4)
-    warmup, total = t.get("warmup_steps", 100), t.get("max_steps", 2000)
+    warmup, total = t.get("warmup_steps", 100), args.max_steps or t.get("max_steps", 2000)
 
     def lr_at(step):
         if step < warmup:

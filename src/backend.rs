@@ -296,6 +296,28 @@ pub fn dispatch<J: BackendJob>(
     Ok(run_on(selection.kind, job))
 }
 
+/// Whether `B` computes on the CPU (burn-flex or burn-ndarray): no device memory, threads instead of devices, f32
+/// only for training.
+pub fn is_cpu<B: burn::tensor::backend::Backend>() -> bool {
+    use std::any::TypeId;
+    let id = TypeId::of::<B>();
+    #[cfg(feature = "ndarray")]
+    if id == TypeId::of::<burn::backend::NdArray>() {
+        return true;
+    }
+    id == TypeId::of::<burn::backend::Flex>()
+}
+
+/// Whether `B` computes in bf16 natively, so bf16 mixed-precision training pays off: CUDA. WebGPU shaders have no
+/// bf16, and the CPU backends emulate it through f32 (slower than f32 itself).
+pub fn computes_bf16<B: burn::tensor::backend::Backend>() -> bool {
+    #[cfg(feature = "cuda")]
+    if std::any::TypeId::of::<B>() == std::any::TypeId::of::<burn::backend::Cuda>() {
+        return true;
+    }
+    false
+}
+
 /// Runs `job` on the given (already selected) backend.
 pub fn run_on<J: BackendJob>(kind: BackendKind, job: J) -> J::Output {
     match kind {

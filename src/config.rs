@@ -130,7 +130,8 @@ pub struct TrainingConfig {
 }
 
 /// Data-parallel replicas on this machine: a count (`devices: 2` is devices 0 and 1 of the backend, or two
-/// threads on the one CPU device) or explicit device indices (`devices: [0, 2]`).
+/// threads on the one CPU device), explicit device indices (`devices: [0, 2]`), or `auto`: one replica per CPU
+/// thread on the CPU backends (the most that divide `batch_size`), one device on GPU backends.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(untagged)]
 pub enum Devices {
@@ -138,6 +139,16 @@ pub enum Devices {
     Count(usize),
     /// One replica per listed device index.
     Indices(Vec<u16>),
+    /// Chosen from the backend (see [`Devices`]).
+    Auto(Auto),
+}
+
+/// The word `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Auto {
+    /// Chosen from the backend.
+    Auto,
 }
 
 impl Default for Devices {
@@ -147,12 +158,20 @@ impl Default for Devices {
 }
 
 impl Devices {
-    /// The device index of every replica.
-    pub fn indices(&self) -> Vec<u16> {
-        match self {
-            Devices::Count(n) => (0..*n).map(|i| i as u16).collect(),
-            Devices::Indices(list) => list.clone(),
-        }
+    /// The device index of every replica; `auto` resolves to `cpu_threads` replicas (the largest count not above
+    /// it that divides `batch_size`) when given, else to device 0.
+    pub fn indices(&self, batch_size: usize, cpu_threads: Option<usize>) -> Vec<u16> {
+        let count = match self {
+            Devices::Count(n) => *n,
+            Devices::Indices(list) => return list.clone(),
+            Devices::Auto(_) => cpu_threads.map_or(1, |threads| {
+                (1..=threads.min(batch_size).min(usize::from(u16::MAX)))
+                    .rev()
+                    .find(|n| batch_size.is_multiple_of(*n))
+                    .unwrap_or(1)
+            }),
+        };
+        (0..count).map(|i| i as u16).collect()
     }
 }
 
@@ -166,7 +185,7 @@ pub struct NodesConfig {
     pub orchestrator: String,
     /// This machine's address as the others reach it, e.g. `ws://10.0.0.2:3001`.
     pub address: String,
-    /// Port of this machine's tensor data service.
+    /// Port of this machine's tensor data service: the port of `address`.
     pub data_port: u16,
 }
 
@@ -428,7 +447,7 @@ impl RunConfig {
             ));
         }
         let t = &self.training;
-        let replicas = t.devices.indices().len();
+        let replicas = t.devices.indices(t.batch_size, None).len();
         if replicas == 0 || replicas > u16::MAX as usize {
             return Err(invalid(
                 "training.devices",
@@ -586,6 +605,39 @@ mod tests {
             TrainingConfig::default().batch_size
         );
         assert_eq!(config.model, ModelConfig::default());
+    }
+
+    #[test]
+    fn devices_are_a_count_a_list_or_auto() {
+        let devices = |yaml: &str| parse(yaml).unwrap().training.devices;
+        assert_eq!(
+            devices("training:\n  batch_size: 8\n  devices: 2\n").indices(8, None),
+            [0, 1]
+        );
+        assert_eq!(
+            devices("training:\n  batch_size: 8\n  devices: [0, 3]\n").indices(8, None),
+            [0, 3]
+        );
+        let auto = devices("training:\n  batch_size: 6\n  devices: auto\n");
+        // One replica per CPU thread, as many as divide the batch; on a GPU backend (no thread count), device 0.
+        assert_eq!(auto.indices(6, Some(2)), [0, 1]);
+        assert_eq!(auto.indices(6, Some(4)), [0, 1, 2]);
+        assert_eq!(auto.indices(6, None), [0]);
+        for (yaml, key) in [
+            (
+                "training:\n  batch_size: 8\n  devices: 3\n",
+                "training.devices",
+            ),
+            ("training:\n  devices: []\n", "training.devices"),
+            ("training:\n  devices: 0\n", "training.devices"),
+        ] {
+            let err = parse(yaml).unwrap_err();
+            assert!(
+                matches!(&err, ConfigError::Invalid { key: k, .. } if k == key),
+                "{yaml}: {err}"
+            );
+        }
+        assert!(parse("training:\n  devices: most\n").is_err());
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod eval;
 pub mod generate;
 pub mod info;
 pub mod logits;
+pub mod orchestrator;
 pub mod plot;
 pub mod precision;
 pub mod prepare;
@@ -42,6 +43,8 @@ pub enum Command {
     Info(info::Args),
     /// Draw the loss curves of a training run to a PNG.
     Plot(plot::Args),
+    /// Run the rendezvous of a multi-machine data-parallel run (`training.nodes`).
+    Orchestrator(orchestrator::Args),
 }
 
 /// Runs the chosen subcommand.
@@ -58,5 +61,6 @@ pub fn run(command: Command, ctx: &Context) -> anyhow::Result<()> {
         Command::Logits(args) => logits::run(args, ctx),
         Command::Info(args) => info::run(args, ctx),
         Command::Plot(args) => plot::run(args, ctx),
+        Command::Orchestrator(args) => orchestrator::run(args, ctx),
     }
 }

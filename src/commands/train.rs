@@ -20,7 +20,7 @@ use ember_training::{
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::Context;
-use crate::backend::BackendJob;
+use crate::backend::{BackendJob, computes_bf16, is_cpu};
 use crate::config::{Precision, RunConfig, TrainingConfig};
 
 /// Flags of `ember train`.
@@ -294,12 +294,13 @@ fn ensure_dataset(
 
 /// The model's device and the data-parallel replicas' devices (empty for one replica) from `training.devices`:
 /// index `i` is device `i` of the kind the backend selected (CUDA ordinal, wgpu adapter); the CPU backends have
-/// one device, which every replica shares (the replicas are threads).
+/// one device, which every replica shares (the replicas are threads; `auto` gives one per `--threads`).
 pub(crate) fn replica_devices<B: AttentionBackend>(
     training: &TrainingConfig,
     selected: B::Device,
 ) -> (B::Device, Vec<DeviceId>) {
-    let indices = training.devices.indices();
+    let cpu_threads = is_cpu::<B>().then(rayon::current_num_threads);
+    let indices = training.devices.indices(training.batch_size, cpu_threads);
     if indices.len() <= 1 && training.nodes.is_none() {
         return (selected, Vec::new());
     }
@@ -330,6 +331,14 @@ impl BackendJob for TrainJob {
     fn run<B: AttentionBackend>(mut self, device: B::Device) -> anyhow::Result<TrainSummary> {
         let (device, devices) = replica_devices::<B>(&self.config.training, device);
         self.settings.data_parallel.devices = devices;
+        if self.settings.precision == ember_training::Precision::Bf16 && !computes_bf16::<B>() {
+            if !self.quiet {
+                eprintln!(
+                    "note: training.precision is bf16, which only the cuda backend computes natively; training in f32"
+                );
+            }
+            self.settings.precision = ember_training::Precision::F32;
+        }
         let m = &self.config.model;
         let mut spec = ModelSpec::llama_style(
             self.tokenizer.vocab_size(),
@@ -353,6 +362,12 @@ impl BackendJob for TrainJob {
         let model = Transformer::<Autodiff<B>>::init(&spec, self.config.seed, &device)
             .context("building the model")?
             .with_kernel(kernel);
+        // Each machine of a multi-machine run draws its own windows: with the one seed everywhere every node
+        // would train on the same rows. (The model's seed stays shared: every node starts from the same weights.)
+        let data_seed = match &self.config.training.nodes {
+            Some(nodes) => self.config.seed ^ stable_hash(nodes.address.as_bytes()),
+            None => self.config.seed,
+        };
         let train_set = Arc::new(TokenDataset::open(&self.data_dir, Split::Train)?);
         let val_set = Arc::new(TokenDataset::open(&self.data_dir, Split::Val)?);
         let tokenizer = &self.tokenizer;
@@ -362,7 +377,7 @@ impl BackendJob for TrainJob {
             self.settings.batch_size,
             self.settings.block_size,
             self.config.training.eval_batches,
-            self.config.seed,
+            data_seed,
         )
         .map_err(|e| anyhow::anyhow!("{}: {e}", self.data_dir.display()))?
         .bytes_per_token_of(|ids| tokenizer.decode_bytes(ids).map_or(0, |b| b.len()));

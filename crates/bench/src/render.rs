@@ -114,8 +114,18 @@ pub fn render_report(report: &Report) -> String {
         ReportBody::Train(t) => {
             let s = &t.settings;
             out.push_str(&format!(
-                "config: {} ({} parameters)\nworkload: batch {} x {} tokens, {} steps after {} warm-up\n",
-                s.config, t.parameters, s.batch, s.seq_len, s.steps, s.warmup
+                "config: {} ({} parameters)\nworkload: batch {} x {} tokens{}, {} steps after {} warm-up\n",
+                s.config,
+                t.parameters,
+                s.batch,
+                s.seq_len,
+                if s.replicas > 1 {
+                    format!(" split across {} data-parallel replicas", s.replicas)
+                } else {
+                    String::new()
+                },
+                s.steps,
+                s.warmup
             ));
         }
     }

@@ -4,13 +4,15 @@ use std::collections::HashMap;
 
 use burn::module::{Module, Param};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, ElementConversion, Int, Tensor, TensorData, module::embedding};
+use burn::tensor::{
+    Bool, DType, ElementConversion, FloatDType, Int, Tensor, TensorData, module::embedding,
+};
 use ember_attention::{AttentionBackend, AttentionKernel, KvCache, RopeCache};
 use ember_optimization::QuantizedLinear;
 
 use crate::error::{ModelError, Result};
 use crate::nn::attention::Positions as At;
-use crate::nn::{Block, Embedding, Linear, Mlp, Norm, SelfAttention};
+use crate::nn::{Block, Embedding, Linear, Mlp, Norm, SelfAttention, in_dtype};
 use crate::spec::{ModelSpec, Positions};
 use crate::tensors::{EMBED, FINAL_NORM, LM_HEAD, POS_EMBED, TensorSpec, layer_name};
 use crate::weights::{Progress, RandomInit, WeightSource};
@@ -35,6 +37,9 @@ pub struct Transformer<B: Backend> {
     /// RoPE tables for the context window, built on the first forward call on a device and reused.
     #[module(skip)]
     rope: RopeCache,
+    /// Activation dtype (mixed precision); `None` computes in the parameters' dtype.
+    #[module(skip)]
+    compute_dtype: Option<FloatDType>,
 }
 
 /// Optional inputs of a forward call beyond the tokens.
@@ -235,6 +240,7 @@ impl<B: AttentionBackend> Transformer<B> {
             spec: spec.clone(),
             kernel: AttentionKernel::default(),
             rope: RopeCache::new(),
+            compute_dtype: None,
         })
     }
 
@@ -270,6 +276,20 @@ impl<B: AttentionBackend> Transformer<B> {
         self
     }
 
+    /// The same model computing its activations in `dtype` (e.g. bf16) while its parameters keep theirs (the f32
+    /// master weights of mixed-precision training): embeddings are cast after the lookup, every matmul casts its
+    /// weight to the activations' dtype, norms compute their statistics in f32, and logits come back in f32.
+    /// `None` restores computing in the parameters' dtype.
+    pub fn with_compute_dtype(mut self, dtype: Option<FloatDType>) -> Self {
+        self.compute_dtype = dtype;
+        self
+    }
+
+    /// The activation dtype set by [`Transformer::with_compute_dtype`].
+    pub fn compute_dtype(&self) -> Option<FloatDType> {
+        self.compute_dtype
+    }
+
     /// Logits `[batch, seq, vocab]` for `tokens` `[batch, seq]`, without a cache.
     pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Result<Tensor<B, 3>> {
         self.forward_with(tokens, Step::default())
@@ -301,12 +321,13 @@ impl<B: AttentionBackend> Transformer<B> {
             .reshape([batch, self.spec.vocab_size]))
     }
 
-    /// The LM head applied to hidden states `[batch, seq, hidden]`.
+    /// The LM head applied to hidden states `[batch, seq, hidden]`; logits in f32 whatever the compute dtype.
     fn head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
-        match &self.lm_head {
+        let logits = match &self.lm_head {
             Some(head) => head.forward(hidden),
             None => self.embed.project(hidden),
-        }
+        };
+        in_dtype(logits, DType::F32)
     }
 
     /// The final-normed hidden states `[batch, seq, hidden]` (what the LM head reads).
@@ -324,6 +345,9 @@ impl<B: AttentionBackend> Transformer<B> {
         let device = tokens.device();
         let offset = cache.as_ref().map_or(0, |c| c.len());
         let mut x = self.embed.lookup(tokens);
+        if let Some(dtype) = self.compute_dtype {
+            x = in_dtype(x, dtype.into());
+        }
         if let Some(table) = &self.pos_embed {
             let end = match &positions {
                 Some(p) => {
@@ -338,12 +362,16 @@ impl<B: AttentionBackend> Transformer<B> {
                 });
             }
             x = match &positions {
-                Some(p) => x + embedding(table.val(), p.clone()),
+                Some(p) => {
+                    let dtype = x.dtype();
+                    x + in_dtype(embedding(table.val(), p.clone()), dtype)
+                }
                 None => {
                     let rows = table
                         .val()
                         .slice([offset..offset + seq, 0..self.spec.hidden_size]);
-                    x + rows.unsqueeze::<3>()
+                    let dtype = x.dtype();
+                    x + in_dtype(rows, dtype).unsqueeze::<3>()
                 }
             };
         }

@@ -55,7 +55,7 @@ pub struct NodeSettings {
     pub orchestrator: String,
     /// This node's own address as the others reach it, e.g. `ws://10.0.0.2:3001`.
     pub address: String,
-    /// Port of this node's tensor data service.
+    /// Port of this node's tensor data service, which `address` reaches.
     pub data_port: u16,
 }
 
@@ -101,7 +101,9 @@ where
         if settings.replicas() == 1 && settings.nodes.is_none() {
             return Ok(None);
         }
-        let session = SESSION.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let session = SESSION
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         reset_collective::<AB::InnerBackend>();
         let config = collective_config(settings)?;
         let devices: Vec<AB::Device> = if settings.devices.is_empty() {
@@ -155,7 +157,8 @@ where
         block_size: usize,
     ) -> Result<(f64, Gradients<AB::InnerBackend>), TrainError> {
         let replicas = self.replicas();
-        let mut shards: Vec<Vec<Vec<u32>>> = vec![Vec::with_capacity(micro_batches.len()); replicas];
+        let mut shards: Vec<Vec<Vec<u32>>> =
+            vec![Vec::with_capacity(micro_batches.len()); replicas];
         for rows in micro_batches {
             let width = block_size + 1;
             let batch = rows.len() / width;
@@ -205,7 +208,9 @@ where
         }
         // A worker's own error says more than replica 0's "another replica failed".
         match (reduced, first_error) {
-            (Ok((own_loss, grads)), None) => Ok(((loss + own_loss) / self.replicas() as f64, grads)),
+            (Ok((own_loss, grads)), None) => {
+                Ok(((loss + own_loss) / self.replicas() as f64, grads))
+            }
             (_, Some(message)) | (Err(message), None) => Err(TrainError::External {
                 context: "data-parallel step".into(),
                 message,
@@ -230,12 +235,10 @@ fn collective_config(settings: &DataParallelSettings) -> Result<CollectiveConfig
         return Ok(config);
     };
     let address = |key: &str, value: &str| {
-        value
-            .parse()
-            .map_err(|e: String| TrainError::Unsupported {
-                key: format!("training.nodes.{key}"),
-                message: format!("`{value}` is not an address: {e}"),
-            })
+        value.parse().map_err(|e: String| TrainError::Unsupported {
+            key: format!("training.nodes.{key}"),
+            message: format!("`{value}` is not an address: {e}"),
+        })
     };
     Ok(config
         .with_num_nodes(nodes.count)
@@ -266,8 +269,7 @@ fn worker_loop<AB, M>(
             shard_gradients::<AB, M>(&model, &job.shards, job.block_size, &device)
         }))
         .unwrap_or_else(|panic| Err(panic_message(panic)));
-        let result =
-            reduce_step::<AB::InnerBackend>(peer, local, &device).map(|(loss, _)| loss);
+        let result = reduce_step::<AB::InnerBackend>(peer, local, &device).map(|(loss, _)| loss);
         if losses.send(result).is_err() {
             break;
         }
@@ -291,7 +293,9 @@ where
     let mut loss_sum = 0.0;
     for rows in shards {
         let (inputs, targets) = inputs_and_targets::<AB>(rows, block_size, device);
-        let logits = model.logits(inputs).map_err(|e| format!("forward pass: {e}"))?;
+        let logits = model
+            .logits(inputs)
+            .map_err(|e| format!("forward pass: {e}"))?;
         let loss = cross_entropy(logits, targets).div_scalar(shards.len() as f64);
         loss_sum += loss.clone().into_scalar().elem::<f64>();
         let micro = Gradients::from_backward(model, loss.backward());
@@ -314,10 +318,10 @@ fn reduce_step<B: Backend>(
     device: &B::Device,
 ) -> Result<(f64, Gradients<B>), String> {
     let failed = if local.is_err() { 1.0f32 } else { 0.0 };
-    let flag = Tensor::<B, 1>::from_floats([failed], device);
-    let flag = all_reduce::<B>(peer, flag.into_primitive().tensor(), ReduceOperation::Sum)
-        .map_err(|e| format!("all-reduce: {e:?}"))?;
-    let failures = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(flag))
+    let flag = Tensor::<B, 1>::full([MIN_REDUCED_LEN], failed, device);
+    let failures = reduce_tensor(peer, flag, ReduceOperation::Sum)
+        .map_err(|e| format!("all-reduce: {e}"))?
+        .slice([0..1])
         .into_scalar()
         .elem::<f32>();
     let (loss, grads) = local?;
@@ -326,14 +330,39 @@ fn reduce_step<B: Backend>(
     }
     let mut reduced = std::collections::BTreeMap::new();
     for (name, grad) in grads.into_tensors() {
-        let sum = all_reduce::<B>(peer, grad.into_primitive().tensor(), ReduceOperation::Mean)
-            .map_err(|e| format!("all-reduce of `{name}`: {e:?}"))?;
-        reduced.insert(
-            name,
-            Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(sum)),
-        );
+        let mean = reduce_tensor(peer, grad, ReduceOperation::Mean)
+            .map_err(|e| format!("all-reduce of `{name}`: {e}"))?;
+        reduced.insert(name, mean);
     }
     Ok((loss, Gradients::from_tensors(reduced)))
+}
+
+/// burn-collective's all-reduce between machines is a ring: it splits each tensor into one slice per machine and
+/// refuses tensors with fewer elements than machines. Shorter tensors are zero-padded to this length (which bounds
+/// the machines a run can have with tensors this small; every real parameter is far larger).
+const MIN_REDUCED_LEN: usize = 64;
+
+/// All-reduces a flat tensor, padding it to [`MIN_REDUCED_LEN`] elements first when it is shorter.
+fn reduce_tensor<B: Backend>(
+    peer: PeerId,
+    tensor: Tensor<B, 1>,
+    op: ReduceOperation,
+) -> Result<Tensor<B, 1>, String> {
+    let len = tensor.dims()[0];
+    let padded = if len < MIN_REDUCED_LEN {
+        let zeros = Tensor::zeros([MIN_REDUCED_LEN - len], &tensor.device());
+        Tensor::cat(vec![tensor, zeros], 0)
+    } else {
+        tensor
+    };
+    let reduced = all_reduce::<B>(peer, padded.into_primitive().tensor(), op)
+        .map_err(|e| format!("{e:?}"))?;
+    let reduced = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(reduced));
+    Ok(if len < MIN_REDUCED_LEN {
+        reduced.slice([0..len])
+    } else {
+        reduced
+    })
 }
 
 fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{FloatDType, Int, Tensor};
 use ember_model::{AttentionBackend, ModelDir, Transformer};
 
 use crate::model_io::{BoxError, LanguageModel, ModelStore};
@@ -10,6 +10,10 @@ use crate::model_io::{BoxError, LanguageModel, ModelStore};
 impl<B: AttentionBackend> LanguageModel<B> for Transformer<B> {
     fn logits(&self, tokens: Tensor<B, 2, Int>) -> Result<Tensor<B, 3>, BoxError> {
         Ok(self.forward(tokens)?)
+    }
+
+    fn with_compute_dtype(self, dtype: FloatDType) -> Result<Self, BoxError> {
+        Ok(Transformer::with_compute_dtype(self, Some(dtype)))
     }
 }
 
@@ -52,6 +56,8 @@ impl<B: AttentionBackend> ModelStore<Transformer<B>> for HfModelStore {
             )
             .into());
         }
-        Ok(loaded.with_kernel(model.kernel()))
+        Ok(loaded
+            .with_kernel(model.kernel())
+            .with_compute_dtype(model.compute_dtype()))
     }
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use burn::module::Module;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{FloatDType, Int, Tensor};
 
 use crate::params::{load_parameters, save_parameters};
 
@@ -18,6 +18,15 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub trait LanguageModel<B: Backend>: Module<B> {
     /// Logits `[batch, seq, vocab]` for token ids `[batch, seq]`.
     fn logits(&self, tokens: Tensor<B, 2, Int>) -> Result<Tensor<B, 3>, BoxError>;
+
+    /// The same model computing its activations in `dtype` while its parameters stay in f32 (mixed precision),
+    /// with f32 logits. Models that cannot return an error (the default).
+    fn with_compute_dtype(self, dtype: FloatDType) -> Result<Self, BoxError>
+    where
+        Self: Sized,
+    {
+        Err(format!("this model computes in its parameters' precision only, not {dtype:?}").into())
+    }
 }
 
 /// Saves a model into a checkpoint directory and loads it back (bit-exactly, for `--resume`).

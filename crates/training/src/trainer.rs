@@ -5,12 +5,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use burn::module::{AutodiffModule, Module};
-use burn::tensor::ElementConversion;
 use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{ElementConversion, FloatDType};
 
 use crate::adamw::{AdamW, AdamWConfig};
-use crate::data_parallel::{DataParallel, DataParallelSettings};
 use crate::checkpoint::{OPTIMIZER_FILE, TrainerState, resolve_checkpoint, write_atomically};
+use crate::data_parallel::{DataParallel, DataParallelSettings};
 use crate::loss::{cross_entropy, inputs_and_targets};
 use crate::metrics::{MetricsLog, MetricsRecord};
 use crate::model_io::{LanguageModel, ModelStore, TrainData};
@@ -24,7 +24,8 @@ pub enum Precision {
     /// Everything in f32.
     #[default]
     F32,
-    /// bf16 compute with f32 master weights.
+    /// bf16 activations and matmuls with f32 master weights: parameters, gradients and optimizer state stay f32,
+    /// each matmul casts its weight to bf16, norms and the loss compute in f32.
     Bf16,
 }
 
@@ -145,12 +146,6 @@ where
     M: AutodiffModule<AB> + LanguageModel<AB> + Send + 'static,
     M::InnerModule: LanguageModel<AB::InnerBackend>,
 {
-    if settings.precision == Precision::Bf16 {
-        return Err(TrainError::Unsupported {
-            key: "training.precision".into(),
-            message: "bf16 mixed precision is not implemented yet; use `f32`".into(),
-        });
-    }
     std::fs::create_dir_all(&settings.run_dir).map_err(|e| TrainError::io(&settings.run_dir, e))?;
     let device = model.devices().into_iter().next().unwrap_or_default();
     let mut optimizer = AdamW::<AB::InnerBackend>::new(settings.optimizer);
@@ -197,6 +192,16 @@ where
                 .unwrap_or_default()
         ));
     }
+    if settings.precision == Precision::Bf16 {
+        // Parameters, gradients and AdamW's moments stay f32 (the master weights); activations are bf16.
+        model =
+            model
+                .with_compute_dtype(FloatDType::BF16)
+                .map_err(|e| TrainError::Unsupported {
+                    key: "training.precision".into(),
+                    message: format!("bf16 mixed precision: {e}"),
+                })?;
+    }
     let mut metrics = MetricsLog::open(&settings.run_dir.join("metrics.jsonl"), state.step)?;
     let tokens_per_step =
         (settings.batch_size * settings.block_size * settings.grad_accum_steps) as u64;
@@ -221,8 +226,15 @@ where
             break StopReason::TimeLimit;
         }
         let lr = settings.schedule.lr(state.step);
-        let (loss, grad_norm, next) =
-            train_step(model, data, &mut optimizer, settings, lr, &device, parallel.as_mut())?;
+        let (loss, grad_norm, next) = train_step(
+            model,
+            data,
+            &mut optimizer,
+            settings,
+            lr,
+            &device,
+            parallel.as_mut(),
+        )?;
         model = next;
         state.step += 1;
         state.tokens_seen += tokens_per_step;

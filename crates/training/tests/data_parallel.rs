@@ -128,7 +128,10 @@ fn replicas_follow_the_single_device_run_of_the_same_global_batch() {
         .zip(&single)
         .map(|((_, a), (_, b))| max_difference(a, b))
         .fold(0f32, f32::max);
-    assert!(moved > 1e-3, "training did not move the parameters ({moved})");
+    assert!(
+        moved > 1e-3,
+        "training did not move the parameters ({moved})"
+    );
     for replicas in [2, 4] {
         let (losses, _, params) = run(replicas);
         // Each replica's loss is the mean over its shard and the all-reduce averages them: the same mean over the
@@ -165,5 +168,8 @@ fn a_batch_that_does_not_split_evenly_names_the_setting() {
     .unwrap_err();
     assert!(matches!(err, TrainError::Unsupported { .. }), "{err}");
     assert!(err.to_string().contains("training.batch_size"), "{err}");
-    assert!(err.to_string().contains("3 data-parallel replicas"), "{err}");
+    assert!(
+        err.to_string().contains("3 data-parallel replicas"),
+        "{err}"
+    );
 }

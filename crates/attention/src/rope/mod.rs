@@ -97,8 +97,11 @@ impl<B: Backend> Rope<B> {
                 tables(&self.config, 0, needed, needed, &x.device())
             };
         let flat = positions.reshape([batch * seq]);
-        let gather =
-            |table: Tensor<B, 2>| table.select(0, flat.clone()).reshape([batch, 1, seq, head_dim]);
+        let gather = |table: Tensor<B, 2>| {
+            table
+                .select(0, flat.clone())
+                .reshape([batch, 1, seq, head_dim])
+        };
         self.rotate(x, gather(cos), gather(sin))
     }
 

@@ -8,8 +8,8 @@ use std::time::Duration;
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use ember_training::{
-    AdamWConfig, CosineSchedule, DataParallelSettings, LanguageModel, ModelStore, Observer, Precision, StepReport,
-    TrainData, TrainSettings, train,
+    AdamWConfig, CosineSchedule, DataParallelSettings, LanguageModel, ModelStore, Observer,
+    Precision, StepReport, TrainData, TrainSettings, train,
 };
 
 use crate::memory::{self, PeakScope};

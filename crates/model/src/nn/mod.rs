@@ -13,3 +13,10 @@ pub use embedding::Embedding;
 pub use linear::{DenseLinear, Linear};
 pub use mlp::Mlp;
 pub use norm::Norm;
+
+use burn::tensor::{DType, Tensor, backend::Backend};
+
+/// `t` in `dtype`; no operation when it already is (a cast is a copy, and an extra autodiff node).
+pub(crate) fn in_dtype<B: Backend, const D: usize>(t: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
+    if t.dtype() == dtype { t } else { t.cast(dtype) }
+}

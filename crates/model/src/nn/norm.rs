@@ -1,7 +1,7 @@
 //! LayerNorm and RMSNorm behind one module, chosen by the spec.
 
 use burn::module::{Module, Param};
-use burn::tensor::{Tensor, backend::Backend};
+use burn::tensor::{DType, Tensor, backend::Backend};
 
 use crate::spec::NormKind;
 
@@ -20,8 +20,11 @@ pub struct Norm<B: Backend> {
 }
 
 impl<B: Backend> Norm<B> {
-    /// Normalises `x` `[..., dim]` over its last dimension.
+    /// Normalises `x` `[..., dim]` over its last dimension. Statistics are computed in f32 whatever `x`'s dtype
+    /// (a bf16 mean of squares loses the small components), and the result is returned in `x`'s dtype.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let dtype = x.dtype();
+        let x = super::in_dtype(x, DType::F32);
         let normalised = match self.kind {
             NormKind::LayerNorm => {
                 let (var, mean) = x.clone().var_mean_bias(D - 1);
@@ -32,10 +35,11 @@ impl<B: Backend> Norm<B> {
                 x / rms
             }
         };
-        let scaled = normalised * self.weight.val().unsqueeze();
-        match &self.bias {
-            Some(bias) => scaled + bias.val().unsqueeze(),
+        let scaled = normalised * super::in_dtype(self.weight.val(), DType::F32).unsqueeze();
+        let shifted = match &self.bias {
+            Some(bias) => scaled + super::in_dtype(bias.val(), DType::F32).unsqueeze(),
             None => scaled,
-        }
+        };
+        super::in_dtype(shifted, dtype)
     }
 }
