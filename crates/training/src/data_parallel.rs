@@ -321,7 +321,7 @@ fn reduce_step<B: Backend>(
     let flag = Tensor::<B, 1>::full([MIN_REDUCED_LEN], failed, device);
     let failures = reduce_tensor(peer, flag, ReduceOperation::Sum)
         .map_err(|e| format!("all-reduce: {e}"))?
-        .slice([0..1])
+        .narrow(0, 0, 1)
         .into_scalar()
         .elem::<f32>();
     let (loss, grads) = local?;
@@ -359,7 +359,7 @@ fn reduce_tensor<B: Backend>(
         .map_err(|e| format!("{e:?}"))?;
     let reduced = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(reduced));
     Ok(if len < MIN_REDUCED_LEN {
-        reduced.slice([0..len])
+        reduced.narrow(0, 0, len)
     } else {
         reduced
     })

@@ -70,11 +70,14 @@ fn settings(run_dir: &std::path::Path, replicas: usize) -> TrainSettings {
     }
 }
 
-/// Every tensor of a parameters file, by name.
-fn read_parameters(path: &std::path::Path) -> Vec<(String, Vec<f32>)> {
+/// Parameter values by name, sorted by name.
+type Parameters = Vec<(String, Vec<f32>)>;
+
+/// Every tensor of a parameters file.
+fn read_parameters(path: &std::path::Path) -> Parameters {
     let bytes = std::fs::read(path).unwrap();
     let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<(String, Vec<f32>)> = file
+    let mut tensors: Parameters = file
         .tensors()
         .into_iter()
         .map(|(name, view)| {
@@ -91,7 +94,7 @@ fn read_parameters(path: &std::path::Path) -> Vec<(String, Vec<f32>)> {
 }
 
 /// Trains 6 steps and returns the losses, the initial parameters and the final ones.
-fn run(replicas: usize) -> (Vec<f64>, Vec<(String, Vec<f32>)>, Vec<(String, Vec<f32>)>) {
+fn run(replicas: usize) -> (Vec<f64>, Parameters, Parameters) {
     let dir = tempfile::tempdir().unwrap();
     let initial = dir.path().join("initial.safetensors");
     save_parameters(&model(), &initial).unwrap();

@@ -70,6 +70,9 @@ fn loop_settings(
 /// Step `i` is timed from the end of step `i - 1` to the end of step `i`, so at least one warm-up step is
 /// required; `data` must yield batches of `settings.batch` rows of `settings.seq_len + 1` tokens. With several
 /// `data_parallel` replicas each batch is split across them (the report's `settings.replicas`).
+// Each argument is a separate input of the measurement (model, data, store, workload, replicas, scratch dir,
+// clock); bundling them into a struct would only rename them.
+#[allow(clippy::too_many_arguments)]
 pub fn run_train_suite<AB, M>(
     model: M,
     parameters: u64,
