@@ -3,40 +3,25 @@
 
 use std::sync::atomic::AtomicBool;
 
-use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::Device as _;
-use ember_model::{ModelSpec, Transformer};
+use ember_model::Transformer;
 use ember_training::{
     AdamWConfig, CosineSchedule, DataParallelSettings, InMemoryData, PARAMETERS_FILE,
     ParameterFileStore, Precision, TrainError, TrainSettings, save_parameters, train,
 };
 
-type B = Autodiff<Flex>;
+mod common;
 
-const BLOCK: usize = 8;
+use common::{B, BLOCK};
+
 const BATCH: usize = 4;
 
 fn model() -> Transformer<B> {
-    Transformer::init(
-        &ModelSpec::llama_style(32, 16, 2, 2, 1, 32, BLOCK),
-        5,
-        &Default::default(),
-    )
-    .unwrap()
+    common::transformer(16, 2, 2, 1, 32)
 }
 
 fn data() -> InMemoryData {
-    let tokens: Vec<u32> = (0..3000u32).map(|i| (i * 7 + i / 5) % 32).collect();
-    InMemoryData::new(
-        tokens[..2500].to_vec(),
-        tokens[2500..].to_vec(),
-        BATCH,
-        BLOCK,
-        2,
-        1.0,
-        9,
-    )
-    .unwrap()
+    common::cyclic_data(BATCH)
 }
 
 fn settings(run_dir: &std::path::Path, replicas: usize) -> TrainSettings {

@@ -3,37 +3,21 @@
 
 use std::sync::atomic::AtomicBool;
 
-use burn::backend::{Autodiff, Flex};
-use ember_model::{ModelSpec, Transformer};
+use ember_model::Transformer;
 use ember_training::{
     AdamWConfig, CosineSchedule, HfModelStore, InMemoryData, Precision, TrainSettings, train,
 };
 
-type B = Autodiff<Flex>;
+mod common;
 
-const BLOCK: usize = 8;
+use common::{B, BLOCK};
 
 fn model() -> Transformer<B> {
-    Transformer::init(
-        &ModelSpec::llama_style(32, 32, 2, 2, 1, 64, BLOCK),
-        5,
-        &Default::default(),
-    )
-    .unwrap()
+    common::transformer(32, 2, 2, 1, 64)
 }
 
 fn data() -> InMemoryData {
-    let tokens: Vec<u32> = (0..3000u32).map(|i| (i * 7 + i / 5) % 32).collect();
-    InMemoryData::new(
-        tokens[..2500].to_vec(),
-        tokens[2500..].to_vec(),
-        4,
-        BLOCK,
-        2,
-        1.0,
-        9,
-    )
-    .unwrap()
+    common::cyclic_data(4)
 }
 
 fn run(precision: Precision, dir: &std::path::Path) -> Vec<f64> {
