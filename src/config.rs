@@ -561,7 +561,9 @@ mod tests {
 
     #[test]
     fn shipped_configs_parse_and_default_yaml_equals_the_built_in_defaults() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let root = std::path::PathBuf::from(
+            std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+        );
         let default = RunConfig::load(&root.join("configs/default.yaml")).unwrap();
         let mut builtin = RunConfig::default();
         builtin.resolve_paths(&root.join("configs"));

@@ -74,17 +74,17 @@ fn a_backend_that_is_not_compiled_in_is_an_error_naming_the_feature() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let model = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/crates/model/tests/fixtures/llama3"
-    );
+    let model = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    )
+    .join("crates/model/tests/fixtures/llama3");
     let output = dir.path().join("logits.safetensors");
     let args = [
         "--backend",
         "cuda",
         "logits",
         "--model",
-        model,
+        model.to_str().unwrap(),
         "--tokens",
         "1,2,3",
         "--output",

@@ -145,8 +145,10 @@ fn a_prompt_longer_than_the_context_fails_unless_truncated() {
 }
 
 fn smollm2() -> Option<PathBuf> {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(".cache/assets/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let path = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    )
+    .join(".cache/assets/SmolLM2-135M-Instruct.Q4_1.gguf");
     if path.is_file() {
         Some(path)
     } else {
@@ -263,7 +265,10 @@ fn smollm2_interactive_chat_answers_turn_by_turn() {
 fn smollm2_eval_reports_perplexity_for_each_precision() {
     let Some(path) = smollm2() else { return };
     let m = path.display().to_string();
-    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/tinyshakespeare.txt");
+    let text = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    )
+    .join("data/tinyshakespeare.txt");
     let eval = |extra: &[&str]| -> serde_json::Value {
         let mut args = vec![
             "eval",

@@ -10,9 +10,11 @@ fn ember() -> Command {
 }
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("crates/model/tests/fixtures")
-        .join(name)
+    std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    )
+    .join("crates/model/tests/fixtures")
+    .join(name)
 }
 
 fn run_ok(cmd: &mut Command) -> String {

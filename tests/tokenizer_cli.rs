@@ -1,13 +1,15 @@
 //! `ember tokenize` and `ember train-tokenizer` end to end.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("crates/tokenizer/tests/fixtures")
-        .join(name)
+    std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    )
+    .join("crates/tokenizer/tests/fixtures")
+    .join(name)
 }
 
 fn ember(args: &[&str], stdin: &[u8]) -> std::process::Output {

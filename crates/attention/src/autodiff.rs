@@ -1,5 +1,7 @@
-//! Flash attention on `Autodiff<B>`: one graph node whose backward step is the inner backend's
-//! [`AttentionBackend::flash_attention_backward`].
+//! ember's kernels on `Autodiff<B>`, each one graph node whose backward step calls the inner backend: flash
+//! attention ([`AttentionBackend::flash_attention_backward`]), RoPE (a rotation: its gradient is the rotation
+//! by the opposite angles), SwiGLU ([`KernelBackend::swiglu_backward`]) and the cross-entropy loss
+//! ([`KernelBackend::cross_entropy_backward`]).
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::{
@@ -8,10 +10,11 @@ use burn::backend::autodiff::{
     grads::Gradients,
     ops::{Backward, Ops, OpsKind},
 };
-use burn::tensor::ops::{BoolTensor, FloatTensor};
+use burn::tensor::ops::{BoolTensor, FloatTensor, IntTensor};
 
-use crate::AttentionBackend;
 use crate::flash::FlashConfig;
+use crate::rope::RopeConfig;
+use crate::{AttentionBackend, KernelBackend};
 
 /// The backward step of flash attention: parents are (q, k, v).
 #[derive(Debug)]
@@ -90,6 +93,146 @@ impl<B: AttentionBackend, C: CheckpointStrategy> AttentionBackend for Autodiff<B
                 key_padding,
                 config,
             )),
+        }
+    }
+
+    fn rope_rotate(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        rotation: FloatTensor<Self>,
+        config: &RopeConfig,
+    ) -> FloatTensor<Self> {
+        let (cos, sin, rotation) = (cos.primitive, sin.primitive, rotation.primitive);
+        match RopeBackward
+            .prepare::<C>([x.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let out = B::rope_rotate(
+                    x.primitive,
+                    cos.clone(),
+                    sin.clone(),
+                    rotation.clone(),
+                    config,
+                );
+                prep.finish((cos, sin, rotation, config.clone()), out)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::rope_rotate(x.primitive, cos, sin, rotation, config))
+            }
+        }
+    }
+}
+
+/// The backward step of RoPE: the parent is `x`; the tables and rotation are constants.
+#[derive(Debug)]
+struct RopeBackward;
+
+impl<B: AttentionBackend> Backward<B, 1> for RopeBackward {
+    /// cos, sin, rotation, config.
+    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, RopeConfig);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 1>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [node_x] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (cos, sin, rotation, config) = ops.state;
+        // y = x cos + (x R) sin with R^T = -R and sin equal on both dimensions of a pair, so
+        // dx = g cos + (g sin) R^T = g cos + (g R)(-sin): the same rotation by the opposite angles.
+        if let Some(node) = node_x {
+            let dx = B::rope_rotate(grad, cos, B::float_neg(sin), rotation, &config);
+            grads.register::<B>(node.id, dx);
+        }
+    }
+}
+
+/// The backward step of SwiGLU: parents are (gate, up).
+#[derive(Debug)]
+struct SwigluBackward;
+
+impl<B: KernelBackend> Backward<B, 2> for SwigluBackward {
+    /// Checkpointed gate and up.
+    type State = (NodeId, NodeId);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let [node_gate, node_up] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (gate_id, up_id) = ops.state;
+        let gate: FloatTensor<B> = checkpointer.retrieve_node_output(gate_id);
+        let up: FloatTensor<B> = checkpointer.retrieve_node_output(up_id);
+        let (d_gate, d_up) = B::swiglu_backward(gate, up, grad);
+        for (node, grad) in [(node_gate, d_gate), (node_up, d_up)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+/// The backward step of the cross-entropy loss: the parent is the logits.
+#[derive(Debug)]
+struct CrossEntropyBackward;
+
+impl<B: KernelBackend> Backward<B, 1> for CrossEntropyBackward {
+    /// Checkpointed logits, the targets and each row's log-sum-exp.
+    type State = (NodeId, IntTensor<B>, FloatTensor<B>);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 1>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let [node_logits] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (logits_id, targets, lse) = ops.state;
+        let logits: FloatTensor<B> = checkpointer.retrieve_node_output(logits_id);
+        if let Some(node) = node_logits {
+            let d_logits = B::cross_entropy_backward(logits, targets, lse, grad);
+            grads.register::<B>(node.id, d_logits);
+        }
+    }
+}
+
+impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
+    fn cross_entropy(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
+        match CrossEntropyBackward
+            .prepare::<C>([logits.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let logits_id = prep.checkpoint(&logits);
+                let (loss, lse) = B::cross_entropy_forward(logits.primitive, targets.clone());
+                prep.finish((logits_id, targets, lse), loss)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::cross_entropy(logits.primitive, targets)),
+        }
+    }
+
+    fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        match SwigluBackward
+            .prepare::<C>([gate.node.clone(), up.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let gate_id = prep.checkpoint(&gate);
+                let up_id = prep.checkpoint(&up);
+                prep.finish((gate_id, up_id), B::swiglu(gate.primitive, up.primitive))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::swiglu(gate.primitive, up.primitive)),
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The backend extension trait that lets a backend own the flash kernel, forward and backward.
+//! The backend extension trait that lets a backend own the flash kernel (forward and backward) and RoPE.
 
 use burn::tensor::{
     Tensor, TensorPrimitive,
@@ -6,7 +6,9 @@ use burn::tensor::{
     ops::{BoolTensor, FloatTensor},
 };
 
+use crate::KernelBackend;
 use crate::flash::{FlashConfig, flash_backward, flash_forward};
+use crate::rope::RopeConfig;
 
 /// A burn backend that can run ember's flash attention.
 ///
@@ -17,7 +19,10 @@ use crate::flash::{FlashConfig, flash_backward, flash_forward};
 ///
 /// Shapes: q `[batch, q_heads, q_len, head_dim]`, k `[batch, kv_heads, kv_len, head_dim]`,
 /// v `[batch, kv_heads, kv_len, v_dim]`, `key_padding` `[batch, kv_len]` (`true` = padding).
-pub trait AttentionBackend: Backend {
+///
+/// It extends [`KernelBackend`], so the one bound `B: AttentionBackend` carried by models, training and
+/// inference code reaches every ember kernel.
+pub trait AttentionBackend: KernelBackend {
     /// Attention output `[batch, q_heads, q_len, v_dim]`, differentiable on autodiff backends.
     fn flash_attention(
         q: FloatTensor<Self>,
@@ -80,6 +85,57 @@ pub trait AttentionBackend: Backend {
             dv.into_primitive().tensor(),
         )
     }
+
+    /// Rotates `x` `[batch, heads, seq, head_dim]` by RoPE angles whose full-width cos/sin are
+    /// `[batch | 1, 1, seq, head_dim]`: `x * cos + (x @ rotation) * sin`, where the `[head_dim, head_dim]`
+    /// `rotation` maps each pair `(a, b)` of `config`'s layout to `(-b, a)`. For a pair that is
+    /// `(a cos - b sin, b cos + a sin)`, bit for bit. Returns a contiguous tensor.
+    ///
+    /// The default runs on contiguous data: the rows are one small matmul, and the tables broadcast along whole
+    /// rows, where slicing the two halves apart would make every multiply and its gradient walk strided views.
+    /// burn-flex reads `x` through its strides and writes the result in one pass.
+    fn rope_rotate(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        rotation: FloatTensor<Self>,
+        config: &RopeConfig,
+    ) -> FloatTensor<Self> {
+        let _ = config;
+        portable_rope_rotate::<Self>(x, cos, sin, rotation)
+    }
+}
+
+/// [`AttentionBackend::rope_rotate`] in burn tensor ops.
+pub(crate) fn portable_rope_rotate<B: Backend>(
+    x: FloatTensor<B>,
+    cos: FloatTensor<B>,
+    sin: FloatTensor<B>,
+    rotation: FloatTensor<B>,
+) -> FloatTensor<B> {
+    let x: Tensor<B, 4> = float(x);
+    let [batch, heads, seq, head_dim] = x.dims();
+    let dtype = x.dtype();
+    // Rows of `seq * head_dim`: a table shared by every batch row and head is then one contiguous row that
+    // burn-flex broadcasts with its SIMD path (a `[seq, head_dim]` table over `[batch, heads]` is not).
+    let span = seq * head_dim;
+    let table = |t: FloatTensor<B>| {
+        let t: Tensor<B, 4> = float(t);
+        let rows = t.dims()[0];
+        t.cast(dtype).reshape([rows, 1, span])
+    };
+    let (cos, sin) = (table(cos), table(sin));
+    let rotation: Tensor<B, 2> = float(rotation);
+    let rows = x.reshape([batch * heads * seq, head_dim]);
+    let turned = rows
+        .clone()
+        .matmul(rotation.cast(dtype))
+        .reshape([batch, heads, span]);
+    let rotated = rows.reshape([batch, heads, span]) * cos + turned * sin;
+    rotated
+        .reshape([batch, heads, seq, head_dim])
+        .into_primitive()
+        .tensor()
 }
 
 /// Wraps a float primitive as a tensor of rank `D`.
@@ -87,7 +143,18 @@ fn float<B: Backend, const D: usize>(primitive: FloatTensor<B>) -> Tensor<B, D> 
     Tensor::from_primitive(TensorPrimitive::Float(primitive))
 }
 
-impl AttentionBackend for burn::backend::Flex {}
+impl AttentionBackend for burn::backend::Flex {
+    fn rope_rotate(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        rotation: FloatTensor<Self>,
+        config: &RopeConfig,
+    ) -> FloatTensor<Self> {
+        crate::cpu::rope_rotate(&x, &cos, &sin, config)
+            .unwrap_or_else(|| portable_rope_rotate::<Self>(x, cos, sin, rotation))
+    }
+}
 
 #[cfg(feature = "ndarray")]
 impl AttentionBackend for burn::backend::NdArray {}

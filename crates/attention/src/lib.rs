@@ -10,6 +10,9 @@
 //!   softmax with its own recomputing backward, O(T) memory). Parses from and displays as those names.
 //! - [`AttentionBackend`]: the backend bound of every model, training and inference function. Implemented
 //!   for `Flex` (always), `NdArray`, `Wgpu`, `Cuda` (crate features of the same names) and `Autodiff<B>`.
+//!   It owns the flash kernel and RoPE's rotation, and extends [`KernelBackend`] (SwiGLU's gate and the
+//!   cross-entropy loss, see [`swiglu`] and [`cross_entropy`]); burn-flex runs RoPE, SwiGLU and the loss as
+//!   native one-pass kernels.
 //! - [`Rope`] / [`RopeConfig`]: rotate-half or interleaved layout, partial rotary dimension, theta, and
 //!   linear / LLaMA 3 / dynamic NTK scaling, with cos/sin tables cached on the device.
 //! - [`KvCache`] and [`ContiguousKvCache`]: per-layer append returning everything cached so far.
@@ -41,12 +44,14 @@
 
 mod autodiff;
 mod backend;
+mod cpu;
 #[cfg(feature = "cube")]
 mod cube;
 mod error;
 mod flash;
 mod fused;
 mod kernel;
+mod kernels;
 mod kv_cache;
 mod manual;
 mod mask;
@@ -57,6 +62,7 @@ pub use backend::AttentionBackend;
 pub use error::AttentionError;
 pub use flash::{FlashBlocks, FlashConfig, flash_backward, flash_forward};
 pub use kernel::{AttentionKernel, attention, check_shapes, flash_attention};
+pub use kernels::{KernelBackend, cross_entropy, linear, swiglu};
 pub use kv_cache::{ContiguousKvCache, KvCache};
 pub use options::{AttentionOptions, MaskSpec};
 pub use rope::{Rope, RopeCache, RopeConfig, RopeLayout, RopeScaling};

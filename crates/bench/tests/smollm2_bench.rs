@@ -3,8 +3,6 @@
 //! the weights' values). Ignored by default (it loads 135M parameters and generates on the CPU); run with
 //! `cargo test -p ember-bench --test smollm2_bench -- --ignored --nocapture` to print the report table.
 
-use std::path::Path;
-
 use burn::backend::Flex;
 use ember_bench::{
     EMBER_VERSION, Machine, ModelSettings, MonotonicClock, NoDeviceMemory, Report, ReportBody,
@@ -17,7 +15,10 @@ const MODEL: &str = "../../.cache/assets/random-smollm-135m";
 #[test]
 #[ignore = "needs the random-smollm-135m asset and takes a minute; run with --ignored"]
 fn smollm2_generation_bench_reports_sane_figures() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(MODEL);
+    let path = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    )
+    .join(MODEL);
     if !path.is_dir() {
         eprintln!("skipping: {} is missing ", path.display());
         return;

@@ -1,7 +1,5 @@
 //! The kernel and tokenizer suites on small inputs: one result per point, figures consistent with what was run.
 
-use std::path::Path;
-
 use burn::backend::Flex;
 use ember_bench::suites::{kernels, tokenizer};
 use ember_bench::{KernelSettings, MonotonicClock, Pass, Repetitions};
@@ -82,8 +80,10 @@ fn kernel_suite_rejects_heads_that_do_not_group() {
 
 #[test]
 fn tokenizer_suite_counts_the_bytes_and_tokens_it_encoded() {
-    let tokenizer_path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tokenizer/tests/fixtures/hf_trained.tokenizer.json");
+    let tokenizer_path = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    )
+    .join("../tokenizer/tests/fixtures/hf_trained.tokenizer.json");
     let dir = std::env::temp_dir().join(format!("ember-bench-suites-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let corpus = dir.join("corpus.txt");

@@ -19,10 +19,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build_global()?;
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../.cache/assets/SmolLM2-135M-Instruct.Q4_1.gguf"
-    );
+    let path = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    )
+    .join("../../.cache/assets/SmolLM2-135M-Instruct.Q4_1.gguf");
     let file = GgufFile::open(path)?;
     let device = Default::default();
     let start = Instant::now();
@@ -32,10 +32,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!("load + dequantize: {:.2} s", start.elapsed().as_secs_f64());
     // The chat prompt of the SmolLM2 fixture (31 tokens), repeated to a 124-token prompt.
-    let fixture: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/smollm2.json"
-    ))?)?;
+    let fixture: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        std::path::PathBuf::from(
+            std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+        )
+        .join("tests/fixtures/smollm2.json"),
+    )?)?;
     let chat: Vec<u32> = fixture["chat_ids"]
         .as_array()
         .ok_or("chat_ids")?

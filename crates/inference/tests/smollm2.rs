@@ -1,7 +1,7 @@
 //! SmolLM2-135M-Instruct (Q4_1 GGUF) against `transformers` loading the same file (fixture written by
 //! scripts/fixtures/smollm_fixtures.py). Skipped, with a message, when scripts/fetch_smollm2.sh has not been run.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use burn::backend::Flex;
 use ember_inference::sampling::SamplingConfig;
@@ -13,8 +13,10 @@ use ember_model::nn::Embedding;
 use serde_json::Value;
 
 fn gguf_path() -> Option<PathBuf> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../.cache/assets/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let path = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    )
+    .join("../../.cache/assets/SmolLM2-135M-Instruct.Q4_1.gguf");
     if path.is_file() {
         Some(path)
     } else {
@@ -27,7 +29,10 @@ fn gguf_path() -> Option<PathBuf> {
 }
 
 fn fixture() -> Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/smollm2.json");
+    let path = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    )
+    .join("tests/fixtures/smollm2.json");
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 

@@ -1,13 +1,16 @@
 //! The GGUF reader against a file written by the `gguf` Python package (llama.cpp's writer) and the values its
 //! reference dequantizer produced (scripts/fixtures/gguf_fixtures.py).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use ember_model::gguf::{GgmlType, GgufError, GgufFile, MetadataValue, dequantize};
 use serde_json::Value;
 
 fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf")
+    std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    )
+    .join("tests/fixtures/gguf")
 }
 
 fn fixture_bytes() -> Vec<u8> {

@@ -4,13 +4,13 @@
 // criterion_group! generates an undocumented public function.
 #![allow(missing_docs)]
 
-use std::path::Path;
-
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use ember_tokenizer::Tokenizer;
 
 fn tokenizer() -> Tokenizer {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    );
     let gpt2 = root.join("../../.cache/assets/gpt2.tiktoken");
     let path = if gpt2.is_file() {
         gpt2
@@ -22,7 +22,9 @@ fn tokenizer() -> Tokenizer {
 
 fn bench(c: &mut Criterion) {
     let tok = tokenizer();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    );
     let text = std::fs::read_to_string(root.join("../../data/tinyshakespeare.txt"))
         .expect("corpus present");
     let mut group = c.benchmark_group("encode");

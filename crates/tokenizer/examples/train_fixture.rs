@@ -1,15 +1,15 @@
 //! Trains the small tokenizer committed as `tests/fixtures/ours_trained.tokenizer.json` (run by
 //! `scripts/fixtures/tokenizer_fixtures.py --ours`, which then checks it with HF `tokenizers`).
 
-use std::path::Path;
-
 use ember_tokenizer::{BpeTrainer, NoProgress};
 
 /// The corpus slice and size the fixture uses; `tests/train.rs` retrains with the same settings.
 const TRAIN_BYTES: usize = 200_000;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    );
     let corpus = std::fs::read_to_string(root.join("../../data/tinyshakespeare.txt"))?;
     let slice = &corpus[..TRAIN_BYTES];
     let trained = BpeTrainer::new(500)

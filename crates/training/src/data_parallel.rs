@@ -25,7 +25,7 @@ use burn_collective::{
 };
 
 use crate::TrainError;
-use crate::loss::{cross_entropy, inputs_and_targets};
+use crate::loss::inputs_and_targets;
 use crate::model_io::LanguageModel;
 use crate::params::Gradients;
 
@@ -293,10 +293,10 @@ where
     let mut loss_sum = 0.0;
     for rows in shards {
         let (inputs, targets) = inputs_and_targets::<AB>(rows, block_size, device);
-        let logits = model
-            .logits(inputs)
-            .map_err(|e| format!("forward pass: {e}"))?;
-        let loss = cross_entropy(logits, targets).div_scalar(shards.len() as f64);
+        let loss = model
+            .loss(inputs, targets)
+            .map_err(|e| format!("forward pass: {e}"))?
+            .div_scalar(shards.len() as f64);
         loss_sum += loss.clone().into_scalar().elem::<f64>();
         let micro = Gradients::from_backward(model, loss.backward());
         match grads.as_mut() {

@@ -12,6 +12,19 @@ impl<B: AttentionBackend> LanguageModel<B> for Transformer<B> {
         Ok(self.forward(tokens)?)
     }
 
+    /// ember's fused loss ([`ember_attention::cross_entropy`]): one pass over the logits forward and one
+    /// backward, instead of a log-softmax graph over `[tokens, vocab]`.
+    fn loss(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        targets: Tensor<B, 2, Int>,
+    ) -> Result<Tensor<B, 1>, BoxError> {
+        Ok(ember_attention::cross_entropy(
+            self.forward(tokens)?,
+            targets,
+        ))
+    }
+
     fn with_compute_dtype(self, dtype: FloatDType) -> Result<Self, BoxError> {
         Ok(Transformer::with_compute_dtype(self, Some(dtype)))
     }

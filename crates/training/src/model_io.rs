@@ -19,6 +19,17 @@ pub trait LanguageModel<B: Backend>: Module<B> {
     /// Logits `[batch, seq, vocab]` for token ids `[batch, seq]`.
     fn logits(&self, tokens: Tensor<B, 2, Int>) -> Result<Tensor<B, 3>, BoxError>;
 
+    /// Mean next-token cross-entropy (nats per token) `[1]` of the logits for `tokens` against `targets`, both
+    /// `[batch, seq]`. The default is [`logits`](Self::logits) then [`crate::cross_entropy`]; a model on a
+    /// backend with a fused loss kernel overrides it.
+    fn loss(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        targets: Tensor<B, 2, Int>,
+    ) -> Result<Tensor<B, 1>, BoxError> {
+        Ok(crate::cross_entropy(self.logits(tokens)?, targets))
+    }
+
     /// The same model computing its activations in `dtype` while its parameters stay in f32 (mixed precision),
     /// with f32 logits. Models that cannot return an error (the default).
     fn with_compute_dtype(self, dtype: FloatDType) -> Result<Self, BoxError>

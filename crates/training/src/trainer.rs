@@ -11,7 +11,7 @@ use burn::tensor::{ElementConversion, FloatDType};
 use crate::adamw::{AdamW, AdamWConfig};
 use crate::checkpoint::{OPTIMIZER_FILE, TrainerState, resolve_checkpoint, write_atomically};
 use crate::data_parallel::{DataParallel, DataParallelSettings};
-use crate::loss::{cross_entropy, inputs_and_targets};
+use crate::loss::inputs_and_targets;
 use crate::metrics::{MetricsLog, MetricsRecord};
 use crate::model_io::{LanguageModel, ModelStore, TrainData};
 use crate::params::Gradients;
@@ -366,10 +366,10 @@ where
         let (inputs, targets) = inputs_and_targets::<AB>(&rows, settings.block_size, device);
         // Each micro-batch's loss is divided by their count, so the summed gradients are those of the mean loss
         // over all micro-batches: the gradient of one batch N times larger.
-        let logits = model
-            .logits(inputs)
-            .map_err(|e| external("forward pass".into(), e))?;
-        let loss = cross_entropy(logits, targets).div_scalar(micro_batches as f64);
+        let loss = model
+            .loss(inputs, targets)
+            .map_err(|e| external("forward pass".into(), e))?
+            .div_scalar(micro_batches as f64);
         loss_sum += loss.clone().into_scalar().elem::<f64>();
         let micro = Gradients::from_backward(&model, loss.backward());
         match grads.as_mut() {
@@ -412,10 +412,10 @@ where
     for rows in &batches {
         let count = rows.len() / (block_size + 1);
         let (inputs, targets) = inputs_and_targets::<AB::InnerBackend>(rows, block_size, &device);
-        let logits = inner
-            .logits(inputs)
+        let loss = inner
+            .loss(inputs, targets)
             .map_err(|e| external("validation forward pass".into(), e))?;
-        total += cross_entropy(logits, targets).into_scalar().elem::<f64>() * count as f64;
+        total += loss.into_scalar().elem::<f64>() * count as f64;
         rows_seen += count;
     }
     Ok(total / rows_seen.max(1) as f64)

@@ -1,7 +1,5 @@
 //! Our AdamW against `torch.optim.AdamW`: 20-step trajectories recorded by scripts/fixtures/adamw_fixtures.py.
 
-use std::path::Path;
-
 use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, Param};
 use burn::tensor::backend::Backend;
@@ -46,7 +44,10 @@ struct Step {
 }
 
 fn fixture() -> Fixture {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/adamw_torch.json");
+    let path = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    )
+    .join("tests/fixtures/adamw_torch.json");
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 

@@ -35,6 +35,8 @@ impl<B: FusionBackend + AttentionBackend> Operation<B::FusionRuntime> for FlashF
     }
 }
 
+impl<B: FusionBackend + AttentionBackend> crate::KernelBackend for Fusion<B> {}
+
 impl<B: FusionBackend + AttentionBackend> AttentionBackend for Fusion<B> {
     fn flash_attention_forward(
         q: FloatTensor<Self>,

@@ -67,6 +67,15 @@ pub(crate) fn flash_forward_cube<R: CubeRuntime, F: FloatElement>(
     (output, lse)
 }
 
+impl<R, F, I, BT> crate::KernelBackend for CubeBackend<R, F, I, BT>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+}
+
 impl<R, F, I, BT> AttentionBackend for CubeBackend<R, F, I, BT>
 where
     R: CubeRuntime,

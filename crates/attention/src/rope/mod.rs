@@ -6,9 +6,9 @@ mod config;
 pub use cache::RopeCache;
 pub use config::{RopeConfig, RopeLayout, RopeScaling};
 
-use burn::tensor::{ElementConversion, Int, Tensor, TensorData, backend::Backend};
+use burn::tensor::{ElementConversion, Int, Tensor, TensorData, TensorPrimitive, backend::Backend};
 
-use crate::AttentionError;
+use crate::{AttentionBackend, AttentionError};
 
 /// RoPE ready to apply: the config plus cos/sin tables for positions `0..max_positions` on one device.
 #[derive(Clone, Debug)]
@@ -16,12 +16,12 @@ pub struct Rope<B: Backend> {
     config: RopeConfig,
     /// `[max_positions, head_dim]`: each angle's cosine at both dimensions of its pair, 1 on dimensions past
     /// `rotary_dim`.
-    cos: Tensor<B, 2>,
+    pub(crate) cos: Tensor<B, 2>,
     /// `[max_positions, head_dim]`: each angle's sine at both dimensions of its pair, 0 past `rotary_dim`.
-    sin: Tensor<B, 2>,
+    pub(crate) sin: Tensor<B, 2>,
     /// `[head_dim, head_dim]`: the signed permutation that maps each pair `(a, b)` to `(-b, a)` in the
     /// configured layout (zero columns past `rotary_dim`).
-    rotation: Tensor<B, 2>,
+    pub(crate) rotation: Tensor<B, 2>,
 }
 
 impl<B: Backend> Rope<B> {
@@ -54,7 +54,9 @@ impl<B: Backend> Rope<B> {
     pub fn max_positions(&self) -> usize {
         self.cos.dims()[0]
     }
+}
 
+impl<B: AttentionBackend> Rope<B> {
     /// Rotates `x` `[batch, heads, seq, head_dim]` whose row `i` sits at position `position_offset + i`.
     ///
     /// # Panics
@@ -105,34 +107,24 @@ impl<B: Backend> Rope<B> {
         self.rotate(x, gather(cos), gather(sin))
     }
 
-    /// Rotates `x` by angles whose full-width cos/sin are `[batch | 1, 1, seq, head_dim]`:
-    /// `x * cos + (x @ rotation) * sin`. For a pair `(a, b)` that is `(a cos - b sin, b cos + a sin)`, bit for bit
-    /// (the rotation only moves and negates values), and every operation runs on contiguous data: the rows are one
-    /// small matmul, and the tables broadcast along whole rows, where slicing the two halves apart would make
-    /// every multiply and its gradient walk strided views.
+    /// Rotates `x` by angles whose full-width cos/sin are `[batch | 1, 1, seq, head_dim]`, through the backend's
+    /// [`AttentionBackend::rope_rotate`].
     fn rotate(&self, x: Tensor<B, 4>, cos: Tensor<B, 4>, sin: Tensor<B, 4>) -> Tensor<B, 4> {
-        let [batch, heads, seq, head_dim] = x.dims();
+        let head_dim = x.dims()[3];
         assert_eq!(
             head_dim, self.config.head_dim,
             "rope: input has head_dim {head_dim}, the config says {}",
             self.config.head_dim
         );
-        let dtype = x.dtype();
-        // Rows of `seq * head_dim`: a table shared by every batch row and head is then one contiguous row that
-        // burn-flex broadcasts with its SIMD path (a `[seq, head_dim]` table over `[batch, heads]` is not).
-        let span = seq * head_dim;
-        let table = |t: Tensor<B, 4>| {
-            let rows = t.dims()[0];
-            t.cast(dtype).reshape([rows, 1, span])
-        };
-        let (cos, sin) = (table(cos), table(sin));
-        let rows = x.reshape([batch * heads * seq, head_dim]);
-        let turned = rows
-            .clone()
-            .matmul(self.rotation.clone().cast(dtype))
-            .reshape([batch, heads, span]);
-        let rotated = rows.reshape([batch, heads, span]) * cos + turned * sin;
-        rotated.reshape([batch, heads, seq, head_dim])
+        let primitive = |t: Tensor<B, 4>| t.into_primitive().tensor();
+        let rotated = B::rope_rotate(
+            primitive(x),
+            primitive(cos),
+            primitive(sin),
+            self.rotation.clone().into_primitive().tensor(),
+            &self.config,
+        );
+        Tensor::from_primitive(TensorPrimitive::Float(rotated))
     }
 }
 

@@ -2,6 +2,7 @@
 
 use burn::module::{Module, Param};
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend, module::embedding};
+use ember_attention::AttentionBackend;
 use ember_optimization::{QuantScheme, QuantizedLinear};
 
 use crate::error::{ModelError, Result};
@@ -15,20 +16,22 @@ pub enum Embedding<B: Backend> {
     Quantized(QuantizedLinear<B>),
 }
 
+impl<B: AttentionBackend> Embedding<B> {
+    /// `hidden` `[batch, seq, hidden]` times the transposed table: the logits of a tied LM head.
+    pub fn project(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        match self {
+            Embedding::Dense(table) => super::linear::project(hidden, table.val(), None),
+            Embedding::Quantized(table) => table.forward(hidden),
+        }
+    }
+}
+
 impl<B: Backend> Embedding<B> {
     /// Rows of `ids` `[batch, seq]`: `[batch, seq, hidden]`.
     pub fn lookup(&self, ids: Tensor<B, 2, Int>) -> Tensor<B, 3> {
         match self {
             Embedding::Dense(table) => embedding(table.val(), ids),
             Embedding::Quantized(table) => table.embed(ids),
-        }
-    }
-
-    /// `hidden` `[batch, seq, hidden]` times the transposed table: the logits of a tied LM head.
-    pub fn project(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
-        match self {
-            Embedding::Dense(table) => super::linear::project(hidden, table.val(), None),
-            Embedding::Quantized(table) => table.forward(hidden),
         }
     }
 

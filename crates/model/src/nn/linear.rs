@@ -2,7 +2,8 @@
 //! quantized.
 
 use burn::module::{Module, Param};
-use burn::tensor::{Tensor, TensorData, backend::Backend, module::linear};
+use burn::tensor::{Tensor, TensorData, backend::Backend};
+use ember_attention::AttentionBackend;
 use ember_optimization::{QuantScheme, QuantizedLinear};
 
 use crate::error::{ModelError, Result};
@@ -16,7 +17,7 @@ pub struct DenseLinear<B: Backend> {
     pub bias: Option<Param<Tensor<B, 1>>>,
 }
 
-impl<B: Backend> DenseLinear<B> {
+impl<B: AttentionBackend> DenseLinear<B> {
     /// Applies the layer to `x` `[..., in]`, giving `[..., out]`.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         project(x, self.weight.val(), self.bias.as_ref().map(Param::val))
@@ -29,8 +30,9 @@ impl<B: Backend> DenseLinear<B> {
 /// view makes backends broadcast the weight to rank 3, and burn-flex then copies the whole strided weight to a
 /// contiguous buffer on every call (measured: 74% of a SmolLM2 decode step). A rank-2 product reads the view in
 /// place. Weights are cast to `x`'s dtype, so bf16 activations meet f32 master weights in a bf16 product (mixed
-/// precision) and the gradient flows back through the cast to the f32 weights.
-pub(crate) fn project<B: Backend, const D: usize>(
+/// precision) and the gradient flows back through the cast to the f32 weights. The product is the backend's
+/// [`ember_attention::linear`] (on burn-flex, small products are split across threads by output column).
+pub(crate) fn project<B: AttentionBackend, const D: usize>(
     x: Tensor<B, D>,
     weight: Tensor<B, 2>,
     bias: Option<Tensor<B, 1>>,
@@ -41,7 +43,7 @@ pub(crate) fn project<B: Backend, const D: usize>(
     let dtype = x.dtype();
     let weight = super::in_dtype(weight, dtype);
     let bias = bias.map(|b| super::in_dtype(b, dtype));
-    let y = linear(x.reshape([rows, inputs]), weight.transpose(), bias);
+    let y = ember_attention::linear(x.reshape([rows, inputs]), weight, bias);
     dims[D - 1] = out;
     y.reshape(dims)
 }
@@ -55,18 +57,20 @@ pub enum Linear<B: Backend> {
     Quantized(QuantizedLinear<B>),
 }
 
-impl<B: Backend> Linear<B> {
-    /// A dense layer from its parameters.
-    pub fn dense(weight: Param<Tensor<B, 2>>, bias: Option<Param<Tensor<B, 1>>>) -> Self {
-        Linear::Dense(DenseLinear { weight, bias })
-    }
-
+impl<B: AttentionBackend> Linear<B> {
     /// Applies the layer to `x` `[..., in]`, giving `[..., out]`.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         match self {
             Linear::Dense(dense) => dense.forward(x),
             Linear::Quantized(quantized) => quantized.forward(x),
         }
+    }
+}
+
+impl<B: Backend> Linear<B> {
+    /// A dense layer from its parameters.
+    pub fn dense(weight: Param<Tensor<B, 2>>, bias: Option<Param<Tensor<B, 1>>>) -> Self {
+        Linear::Dense(DenseLinear { weight, bias })
     }
 
     /// The same layer with its weight quantized with `scheme` (the bias stays f32). Already quantized layers

@@ -28,10 +28,12 @@ pub const FIXTURES: [&str; 10] = [
 
 /// `crates/model/tests/fixtures/<name>`.
 pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests")
-        .join("fixtures")
-        .join(name)
+    std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    )
+    .join("tests")
+    .join("fixtures")
+    .join(name)
 }
 
 /// What transformers recorded for a fixture.

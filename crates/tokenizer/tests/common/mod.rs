@@ -2,13 +2,15 @@
 
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// `tests/fixtures/<name>`.
 pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
+    std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    )
+    .join("tests/fixtures")
+    .join(name)
 }
 
 /// The fixture JSON `<name>` parsed.
@@ -19,7 +21,10 @@ pub fn fixture_json(name: &str) -> serde_json::Value {
 /// Tiny Shakespeare.
 pub fn corpus() -> String {
     std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tinyshakespeare.txt"),
+        std::path::PathBuf::from(
+            std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+        )
+        .join("../../data/tinyshakespeare.txt"),
     )
     .unwrap()
 }
@@ -38,7 +43,10 @@ pub fn fnv1a64(ids: &[u32]) -> String {
 
 /// `.cache/assets/gpt2.tiktoken`, or `None` (with a message saying the test is skipped) when it is absent.
 pub fn gpt2_ranks() -> Option<PathBuf> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cache/assets/gpt2.tiktoken");
+    let path = std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    )
+    .join("../../.cache/assets/gpt2.tiktoken");
     if path.is_file() {
         Some(path)
     } else {

@@ -1,0 +1,242 @@
+//! [`KernelBackend`]: ember's fused kernels outside attention, SwiGLU's gate and the cross-entropy loss, each a
+//! single backend operation.
+
+use burn::backend::Flex;
+use burn::tensor::{
+    Int, Tensor, TensorPrimitive,
+    backend::Backend,
+    ops::{FloatTensor, IntTensor},
+};
+
+/// A burn backend that can run SwiGLU's gate `silu(gate) * up` and the mean cross-entropy of logits against
+/// targets, and their gradients, as single operations.
+///
+/// The defaults are burn tensor ops (what `activation::silu(gate) * up` and `log_softmax` + `gather` record);
+/// burn-flex runs each direction as one vectorised, multi-threaded pass ([`crate::cpu`]), and `Autodiff<B>`
+/// records one graph node per call whose backward step is the `*_backward` method, so training keeps only the
+/// inputs (and, for the loss, one log-sum-exp per row) instead of every intermediate.
+pub trait KernelBackend: Backend {
+    /// `silu(gate) * up` element-wise; `gate` and `up` have the same shape.
+    fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        portable_swiglu::<Self>(gate, up)
+    }
+
+    /// `(d_gate, d_up)` of [`swiglu`](Self::swiglu) from the gradient of its output: with `s = sigmoid(gate)`,
+    /// `d_up = grad * gate * s` and `d_gate = grad * up * s * (1 + gate * (1 - s))`.
+    fn swiglu_backward(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        portable_swiglu_backward::<Self>(gate, up, grad)
+    }
+
+    /// `x` `[rows, in]` times `weight` `[out, in]` transposed, plus `bias` `[out]`: a linear layer in PyTorch's
+    /// weight layout, differentiable on autodiff backends.
+    fn dense(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        portable_linear::<Self>(x, weight, bias)
+    }
+
+    /// Mean cross-entropy (nats) `[1]` of `logits` `[rows, vocab]` against `targets` `[rows]`,
+    /// differentiable on autodiff backends.
+    fn cross_entropy(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
+        Self::cross_entropy_forward(logits, targets).0
+    }
+
+    /// The mean loss `[1]` and each row's log-sum-exp `[rows]` (what the backward step needs).
+    fn cross_entropy_forward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        portable_cross_entropy::<Self>(logits, targets)
+    }
+
+    /// The gradient with respect to `logits` of the mean loss times `grad` (`[1]`):
+    /// `(softmax(row) - onehot(target)) * grad / rows`, with the softmax recomputed from `lse`.
+    fn cross_entropy_backward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        portable_cross_entropy_backward::<Self>(logits, targets, lse, grad)
+    }
+}
+
+/// SwiGLU's gate `silu(gate) * up` on tensors, through the backend's [`KernelBackend::swiglu`].
+pub fn swiglu<B: KernelBackend, const D: usize>(
+    gate: Tensor<B, D>,
+    up: Tensor<B, D>,
+) -> Tensor<B, D> {
+    assert_eq!(gate.dims(), up.dims(), "swiglu: gate and up shapes differ");
+    let out = B::swiglu(gate.into_primitive().tensor(), up.into_primitive().tensor());
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+/// Mean next-token cross-entropy (nats per token) `[1]` of `logits` `[batch, seq, vocab]` against `targets`
+/// `[batch, seq]`, through the backend's [`KernelBackend::cross_entropy`].
+pub fn cross_entropy<B: KernelBackend>(
+    logits: Tensor<B, 3>,
+    targets: Tensor<B, 2, Int>,
+) -> Tensor<B, 1> {
+    let [batch, seq, vocab] = logits.dims();
+    assert_eq!(
+        targets.dims(),
+        [batch, seq],
+        "cross_entropy: targets do not match the logits"
+    );
+    let logits = logits
+        .reshape([batch * seq, vocab])
+        .into_primitive()
+        .tensor();
+    let targets = targets.reshape([batch * seq]).into_primitive();
+    Tensor::from_primitive(TensorPrimitive::Float(B::cross_entropy(logits, targets)))
+}
+
+/// A linear layer `x · Wᵀ + b` on tensors (`x` `[rows, in]`, `W` `[out, in]`), through the backend's
+/// [`KernelBackend::dense`].
+pub fn linear<B: KernelBackend>(
+    x: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+) -> Tensor<B, 2> {
+    let float = |t: Tensor<B, 2>| t.into_primitive().tensor();
+    let out = <B as KernelBackend>::dense(
+        float(x),
+        float(weight),
+        bias.map(|b| b.into_primitive().tensor()),
+    );
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+/// [`KernelBackend::dense`] in burn tensor ops: burn's `linear` on the transposed view of the weight.
+pub(crate) fn portable_linear<B: Backend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    bias: Option<FloatTensor<B>>,
+) -> FloatTensor<B> {
+    let x: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(x));
+    let weight: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(weight));
+    let bias = bias.map(|b| Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(b)));
+    burn::tensor::module::linear(x, weight.transpose(), bias)
+        .into_primitive()
+        .tensor()
+}
+
+/// [`KernelBackend::swiglu`] in burn tensor ops.
+pub(crate) fn portable_swiglu<B: Backend>(
+    gate: FloatTensor<B>,
+    up: FloatTensor<B>,
+) -> FloatTensor<B> {
+    let silu = B::float_mul(gate.clone(), B::sigmoid(gate));
+    B::float_mul(silu, up)
+}
+
+/// [`KernelBackend::swiglu_backward`] in burn tensor ops.
+pub(crate) fn portable_swiglu_backward<B: Backend>(
+    gate: FloatTensor<B>,
+    up: FloatTensor<B>,
+    grad: FloatTensor<B>,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let s = B::sigmoid(gate.clone());
+    let d_up = B::float_mul(grad.clone(), B::float_mul(gate.clone(), s.clone()));
+    let one_minus_s = B::float_add_scalar(B::float_neg(s.clone()), 1.0.into());
+    let slope = B::float_add_scalar(B::float_mul(gate, one_minus_s), 1.0.into());
+    let d_gate = B::float_mul(B::float_mul(grad, up), B::float_mul(s, slope));
+    (d_gate, d_up)
+}
+
+/// [`KernelBackend::cross_entropy_forward`] in burn tensor ops.
+pub(crate) fn portable_cross_entropy<B: Backend>(
+    logits: FloatTensor<B>,
+    targets: IntTensor<B>,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let logits: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(logits));
+    let targets: Tensor<B, 1, Int> = Tensor::from_primitive(targets);
+    let rows = logits.dims()[0];
+    let max = logits.clone().max_dim(1).detach();
+    let lse = (logits.clone() - max.clone()).exp().sum_dim(1).log() + max;
+    let picked = logits.gather(1, targets.reshape([rows, 1]));
+    let loss = (lse.clone() - picked).mean();
+    (
+        loss.into_primitive().tensor(),
+        lse.reshape([rows]).into_primitive().tensor(),
+    )
+}
+
+/// [`KernelBackend::cross_entropy_backward`] in burn tensor ops.
+pub(crate) fn portable_cross_entropy_backward<B: Backend>(
+    logits: FloatTensor<B>,
+    targets: IntTensor<B>,
+    lse: FloatTensor<B>,
+    grad: FloatTensor<B>,
+) -> FloatTensor<B> {
+    let logits: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(logits));
+    let targets: Tensor<B, 1, Int> = Tensor::from_primitive(targets);
+    let lse: Tensor<B, 1> = Tensor::from_primitive(TensorPrimitive::Float(lse));
+    let grad: Tensor<B, 1> = Tensor::from_primitive(TensorPrimitive::Float(grad));
+    let [rows, vocab] = logits.dims();
+    let softmax = (logits - lse.reshape([rows, 1])).exp();
+    let onehot = targets.one_hot::<2>(vocab).float();
+    let scale = grad.div_scalar(rows.max(1) as f64).reshape([1, 1]);
+    ((softmax - onehot) * scale).into_primitive().tensor()
+}
+
+impl KernelBackend for Flex {
+    fn dense(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        match crate::cpu::linear(&x, &weight) {
+            Some(product) => match bias {
+                Some(bias) => {
+                    let product =
+                        Tensor::<Self, 2>::from_primitive(TensorPrimitive::Float(product));
+                    let bias = Tensor::<Self, 1>::from_primitive(TensorPrimitive::Float(bias));
+                    (product + bias.unsqueeze::<2>()).into_primitive().tensor()
+                }
+                None => product,
+            },
+            None => portable_linear::<Self>(x, weight, bias),
+        }
+    }
+
+    fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        crate::cpu::swiglu(&gate, up).unwrap_or_else(|up| portable_swiglu::<Self>(gate, up))
+    }
+
+    fn swiglu_backward(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        crate::cpu::swiglu_backward(&gate, &up, &grad)
+            .unwrap_or_else(|| portable_swiglu_backward::<Self>(gate, up, grad))
+    }
+
+    fn cross_entropy_forward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        crate::cpu::cross_entropy(&logits, &targets)
+            .unwrap_or_else(|| portable_cross_entropy::<Self>(logits, targets))
+    }
+
+    fn cross_entropy_backward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        crate::cpu::cross_entropy_backward(&logits, &targets, &lse, &grad)
+            .unwrap_or_else(|| portable_cross_entropy_backward::<Self>(logits, targets, lse, grad))
+    }
+}
+
+#[cfg(feature = "ndarray")]
+impl KernelBackend for burn::backend::NdArray {}
