@@ -43,17 +43,7 @@ pub trait AttentionBackend: KernelBackend {
         key_padding: Option<BoolTensor<Self>>,
         config: FlashConfig,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (output, lse) = flash_forward::<Self>(
-            float(q),
-            float(k),
-            float(v),
-            key_padding.map(Tensor::from_primitive),
-            &config,
-        );
-        (
-            output.into_primitive().tensor(),
-            lse.into_primitive().tensor(),
-        )
+        portable_flash_forward::<Self>(q, k, v, key_padding, config)
     }
 
     /// Gradients `(dq, dk, dv)` from the forward's inputs, `output`, `lse` and `grad_output`
@@ -69,21 +59,7 @@ pub trait AttentionBackend: KernelBackend {
         grad_output: FloatTensor<Self>,
         config: FlashConfig,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (dq, dk, dv) = flash_backward::<Self>(
-            float(q),
-            float(k),
-            float(v),
-            key_padding.map(Tensor::from_primitive),
-            float(output),
-            float(lse),
-            float(grad_output),
-            &config,
-        );
-        (
-            dq.into_primitive().tensor(),
-            dk.into_primitive().tensor(),
-            dv.into_primitive().tensor(),
-        )
+        portable_flash_backward::<Self>(q, k, v, key_padding, output, lse, grad_output, config)
     }
 
     /// Rotates `x` `[batch, heads, seq, head_dim]` by RoPE angles whose full-width cos/sin are
@@ -104,6 +80,56 @@ pub trait AttentionBackend: KernelBackend {
         let _ = config;
         portable_rope_rotate::<Self>(x, cos, sin, rotation)
     }
+}
+
+/// [`AttentionBackend::flash_attention_forward`] in burn tensor ops ([`crate::flash`]).
+fn portable_flash_forward<B: Backend>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    key_padding: Option<BoolTensor<B>>,
+    config: FlashConfig,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let (output, lse) = flash_forward::<B>(
+        float(q),
+        float(k),
+        float(v),
+        key_padding.map(Tensor::from_primitive),
+        &config,
+    );
+    (
+        output.into_primitive().tensor(),
+        lse.into_primitive().tensor(),
+    )
+}
+
+/// [`AttentionBackend::flash_attention_backward`] in burn tensor ops ([`crate::flash`]).
+#[allow(clippy::too_many_arguments)]
+fn portable_flash_backward<B: Backend>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    key_padding: Option<BoolTensor<B>>,
+    output: FloatTensor<B>,
+    lse: FloatTensor<B>,
+    grad_output: FloatTensor<B>,
+    config: FlashConfig,
+) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+    let (dq, dk, dv) = flash_backward::<B>(
+        float(q),
+        float(k),
+        float(v),
+        key_padding.map(Tensor::from_primitive),
+        float(output),
+        float(lse),
+        float(grad_output),
+        &config,
+    );
+    (
+        dq.into_primitive().tensor(),
+        dk.into_primitive().tensor(),
+        dv.into_primitive().tensor(),
+    )
 }
 
 /// [`AttentionBackend::rope_rotate`] in burn tensor ops.
@@ -143,7 +169,50 @@ fn float<B: Backend, const D: usize>(primitive: FloatTensor<B>) -> Tensor<B, D> 
     Tensor::from_primitive(TensorPrimitive::Float(primitive))
 }
 
+/// burn-flex runs flash attention natively ([`crate::cpu`]) unless a key-padding mask is given (left-padded
+/// batches), and RoPE in one pass.
 impl AttentionBackend for burn::backend::Flex {
+    fn flash_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_padding: Option<BoolTensor<Self>>,
+        config: FlashConfig,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        key_padding
+            .is_none()
+            .then(|| crate::cpu::flash_forward(&q, &k, &v, &config.mask, config.scale))
+            .flatten()
+            .unwrap_or_else(|| portable_flash_forward::<Self>(q, k, v, key_padding, config))
+    }
+
+    fn flash_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_padding: Option<BoolTensor<Self>>,
+        output: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+        config: FlashConfig,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let native = key_padding.is_none().then(|| {
+            crate::cpu::flash_backward(
+                &q,
+                &k,
+                &v,
+                &output,
+                &lse,
+                &grad_output,
+                &config.mask,
+                config.scale,
+            )
+        });
+        native.flatten().unwrap_or_else(|| {
+            portable_flash_backward::<Self>(q, k, v, key_padding, output, lse, grad_output, config)
+        })
+    }
+
     fn rope_rotate(
         x: FloatTensor<Self>,
         cos: FloatTensor<Self>,

@@ -6,7 +6,10 @@ mod common;
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::{DType, Tensor, TensorData, module, ops::AttentionModuleOptions};
 use common::{Case, Inputs, assert_close, random_inputs, reference, tensor, to_vec};
-use ember_attention::{AttentionKernel, FlashBlocks, attention, flash_attention};
+use ember_attention::{
+    AttentionKernel, FlashBlocks, FlashConfig, attention, flash_attention, flash_backward,
+    flash_forward,
+};
 
 type B = Autodiff<Flex>;
 
@@ -24,11 +27,41 @@ const GRAD_RTOL: f64 = 1e-4;
 /// How a candidate computes attention.
 #[derive(Clone, Copy, Debug)]
 enum Candidate {
+    /// Through `attention` on `Autodiff<Flex>` (flash: burn-flex's native kernel, forward and backward).
     Kernel(AttentionKernel),
+    /// Through `flash_attention` with explicit tiles (burn-flex runs it natively: tiles do not apply).
     FlashTiles(FlashBlocks),
+    /// The portable tensor-op flash kernel (what wgpu's backward, CUDA's backward and ndarray run), forward and
+    /// backward called directly on burn-flex.
+    PortableFlash(FlashBlocks),
+}
+
+/// Output and gradients of the portable flash kernel on the inner backend.
+fn run_portable(case: &Case, x: &Inputs, blocks: FlashBlocks) -> [Vec<f64>; 4] {
+    let device = Default::default();
+    let [q, k, v] = [
+        (&x.q, case.q_shape()),
+        (&x.k, case.kv_shape()),
+        (&x.v, case.kv_shape()),
+    ]
+    .map(|(values, shape)| tensor::<Flex>(values, shape, &device));
+    let options = case.options::<Flex>(&device);
+    let config = FlashConfig {
+        mask: options.mask,
+        scale: options.resolved_scale(case.head_dim),
+        blocks,
+    };
+    let padding = options.key_padding.clone();
+    let (out, lse) = flash_forward(q.clone(), k.clone(), v.clone(), padding.clone(), &config);
+    let grad_out = tensor::<Flex>(&x.grad_out, case.q_shape(), &device);
+    let (dq, dk, dv) = flash_backward(q, k, v, padding, out.clone(), lse, grad_out, &config);
+    [to_vec(out), to_vec(dq), to_vec(dk), to_vec(dv)]
 }
 
 fn run(case: &Case, x: &Inputs, candidate: Candidate) -> [Vec<f64>; 4] {
+    if let Candidate::PortableFlash(blocks) = candidate {
+        return run_portable(case, x, blocks);
+    }
     let device = Default::default();
     let q = tensor::<B>(&x.q, case.q_shape(), &device).require_grad();
     let k = tensor::<B>(&x.k, case.kv_shape(), &device).require_grad();
@@ -39,6 +72,7 @@ fn run(case: &Case, x: &Inputs, candidate: Candidate) -> [Vec<f64>; 4] {
         Candidate::FlashTiles(blocks) => {
             flash_attention(q.clone(), k.clone(), v.clone(), &options, blocks)
         }
+        Candidate::PortableFlash(_) => unreachable!("handled above"),
     };
     let grad_out = tensor::<B>(&x.grad_out, case.q_shape(), &device);
     let grads = out.clone().mul(grad_out).sum().backward();
@@ -57,9 +91,11 @@ fn check_case(case: &Case, seed: u64) {
         Candidate::Kernel(AttentionKernel::Manual),
         Candidate::Kernel(AttentionKernel::Fused),
         Candidate::Kernel(AttentionKernel::Flash),
-        // Tiles that divide nothing, so every tile edge case (partial, fully masked, fully visible) occurs.
-        Candidate::FlashTiles(FlashBlocks { query: 7, key: 5 }),
         Candidate::FlashTiles(FlashBlocks { query: 16, key: 32 }),
+        // Tiles that divide nothing, so every tile edge case (partial, fully masked, fully visible) occurs.
+        Candidate::PortableFlash(FlashBlocks { query: 7, key: 5 }),
+        Candidate::PortableFlash(FlashBlocks { query: 16, key: 32 }),
+        Candidate::PortableFlash(FlashBlocks::default()),
     ];
     for candidate in candidates {
         let [out, dq, dk, dv] = run(case, &x, candidate);
@@ -317,4 +353,29 @@ fn kernels_match_oracle_in_half_precision() {
             0.0,
         );
     }
+}
+
+#[test]
+fn kernels_match_oracle_across_query_row_blocks_with_gqa_and_window() {
+    // More query rows than burn-flex's native kernel takes per block (64), so later blocks start mid-sequence
+    // and see key ranges that begin past 0 (the window).
+    check_case(
+        &Case {
+            causal: true,
+            window: Some(50),
+            ..case(1, 4, 2, 32, 150, 150)
+        },
+        9,
+    );
+}
+
+#[test]
+fn kernels_match_oracle_on_a_bidirectional_chunk_after_a_cache() {
+    check_case(
+        &Case {
+            offset: 20,
+            ..case(2, 2, 1, 16, 70, 90)
+        },
+        10,
+    );
 }

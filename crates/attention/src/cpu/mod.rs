@@ -6,12 +6,14 @@
 //! than f32, an unexpected layout), so the caller falls back to the portable tensor-op version.
 
 mod cross_entropy;
+mod flash;
 mod linear;
 mod rope;
 mod simd;
 mod swiglu;
 
 pub(crate) use cross_entropy::{cross_entropy, cross_entropy_backward};
+pub(crate) use flash::{flash_backward, flash_forward};
 pub(crate) use linear::linear;
 pub(crate) use rope::rope_rotate;
 pub(crate) use swiglu::{swiglu, swiglu_backward};

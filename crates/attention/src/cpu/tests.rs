@@ -379,3 +379,62 @@ fn split_linear_matches_the_single_threaded_product() {
     let w = tensor::<Flex, 2>([1536, 576], 17, 0.1);
     assert!(crate::cpu::linear(&primitive(x), &primitive(w)).is_none());
 }
+
+/// The native flash kernel takes the unpadded f32 calls burn-flex gets (so the oracle tests of `attention` on
+/// burn-flex check it, not the portable fallback), declines a padding mask, and agrees with the portable
+/// tensor-op kernel: both sum f32 dot products in different orders, so within 1e-5 (outputs of unit scale).
+#[test]
+fn native_flash_runs_and_agrees_with_the_portable_kernel() {
+    use crate::{FlashBlocks, FlashConfig, MaskSpec, flash_backward, flash_forward};
+    let (q, k, v, grad) = (
+        tensor::<Flex, 4>([2, 4, 100, 16], 20, 1.0),
+        tensor::<Flex, 4>([2, 2, 100, 16], 21, 1.0),
+        tensor::<Flex, 4>([2, 2, 100, 16], 22, 1.0),
+        tensor::<Flex, 4>([2, 4, 100, 16], 23, 1.0),
+    );
+    let mask = MaskSpec {
+        causal: true,
+        query_offset: 0,
+        window: Some(30),
+    };
+    let config = FlashConfig {
+        mask,
+        scale: 0.25,
+        blocks: FlashBlocks::default(),
+    };
+    let (out, lse) = crate::cpu::flash_forward(
+        &primitive(q.clone()),
+        &primitive(k.clone()),
+        &primitive(v.clone()),
+        &mask,
+        config.scale,
+    )
+    .expect("the native kernel takes an unpadded f32 call");
+    let (dq, dk, dv) = crate::cpu::flash_backward(
+        &primitive(q.clone()),
+        &primitive(k.clone()),
+        &primitive(v.clone()),
+        &out,
+        &lse,
+        &primitive(grad.clone()),
+        &mask,
+        config.scale,
+    )
+    .expect("the native backward takes it too");
+    let (e_out, e_lse) = flash_forward(q.clone(), k.clone(), v.clone(), None, &config);
+    let (e_dq, e_dk, e_dv) =
+        flash_backward(q, k, v, None, e_out.clone(), e_lse.clone(), grad, &config);
+    let close = |what: &str, a: Vec<f32>, b: Vec<f32>| {
+        let err = max_rel(&a, &b, 1.0);
+        assert!(err < 1e-5, "{what}: differs by {err}");
+    };
+    close(
+        "output",
+        floats(from_primitive::<Flex, 4>(out)),
+        floats(e_out),
+    );
+    close("lse", floats(from_primitive::<Flex, 3>(lse)), floats(e_lse));
+    close("dq", floats(from_primitive::<Flex, 4>(dq)), floats(e_dq));
+    close("dk", floats(from_primitive::<Flex, 4>(dk)), floats(e_dk));
+    close("dv", floats(from_primitive::<Flex, 4>(dv)), floats(e_dv));
+}
