@@ -95,6 +95,40 @@ fn visible(mask: &MaskSpec, pos: usize, kv_len: usize) -> (usize, usize) {
     (lo.min(hi), hi)
 }
 
+/// A block of query rows and the keys any of them sees.
+struct RowBlock {
+    /// First row of the block.
+    first: usize,
+    /// Rows in the block (`ROWS`, fewer at the end).
+    rows: usize,
+    /// Each row's visible keys `lo..hi` (absolute key indices).
+    span: Vec<(usize, usize)>,
+    /// First key any row sees.
+    lo: usize,
+    /// Keys from `lo` to the last one any row sees (0 when no row sees a key).
+    n: usize,
+}
+
+/// The query rows of one head in blocks of `ROWS`, each with its key range.
+fn row_blocks<'a>(mask: &'a MaskSpec, d: &Dims) -> impl Iterator<Item = RowBlock> + 'a {
+    let (q_len, kv_len) = (d.q_len, d.kv_len);
+    (0..q_len).step_by(ROWS).map(move |first| {
+        let rows = ROWS.min(q_len - first);
+        let span: Vec<(usize, usize)> = (first..first + rows)
+            .map(|i| visible(mask, mask.query_offset + i, kv_len))
+            .collect();
+        let lo = span.iter().map(|s| s.0).min().unwrap_or(0);
+        let hi = span.iter().map(|s| s.1).max().unwrap_or(0).max(lo);
+        RowBlock {
+            first,
+            rows,
+            span,
+            lo,
+            n: hi - lo,
+        }
+    })
+}
+
 /// `dst[m x n] (+)= alpha * lhs[m x k] · rhs[k x n]`, single-threaded, every operand given by (row, column)
 /// strides. With `accumulate`, `dst` is added to instead of overwritten.
 #[allow(clippy::too_many_arguments)]
@@ -216,14 +250,14 @@ pub(crate) fn flash_forward(
         let k = &kd[kv * d.kv_len * d.head_dim..(kv + 1) * d.kv_len * d.head_dim];
         let v = &vd[kv * d.kv_len * d.v_dim..(kv + 1) * d.kv_len * d.v_dim];
         let mut scores = Vec::new();
-        for first in (0..d.q_len).step_by(ROWS) {
-            let rows = ROWS.min(d.q_len - first);
-            let span: Vec<(usize, usize)> = (first..first + rows)
-                .map(|i| visible(mask, mask.query_offset + i, d.kv_len))
-                .collect();
-            let lo = span.iter().map(|s| s.0).min().unwrap_or(0);
-            let hi = span.iter().map(|s| s.1).max().unwrap_or(0).max(lo);
-            let n = hi - lo;
+        for RowBlock {
+            first,
+            rows,
+            span,
+            lo,
+            n,
+        } in row_blocks(mask, &d)
+        {
             if n == 0 {
                 // No row of the block sees a key: zero output (already zero-filled), lowest log-sum-exp.
                 lse[first..first + rows].fill(f32::MIN);
@@ -333,14 +367,14 @@ pub(crate) fn flash_backward(
             );
             let lse = &lsed[head * d.q_len..(head + 1) * d.q_len];
             let dq = &mut dq[g * d.q_len * d.head_dim..(g + 1) * d.q_len * d.head_dim];
-            for first in (0..d.q_len).step_by(ROWS) {
-                let rows = ROWS.min(d.q_len - first);
-                let span: Vec<(usize, usize)> = (first..first + rows)
-                    .map(|i| visible(mask, mask.query_offset + i, d.kv_len))
-                    .collect();
-                let lo = span.iter().map(|s| s.0).min().unwrap_or(0);
-                let hi = span.iter().map(|s| s.1).max().unwrap_or(0).max(lo);
-                let n = hi - lo;
+            for RowBlock {
+                first,
+                rows,
+                span,
+                lo,
+                n,
+            } in row_blocks(mask, &d)
+            {
                 if n == 0 {
                     continue;
                 }

@@ -279,17 +279,17 @@ fn cross_entropy_f64(logits: &[f32], targets: &[usize], vocab: usize) -> (f64, V
 }
 
 /// Losses and gradients of the fused kernel (burn-flex, on `Autodiff`) and of the portable default (the path
-/// GPU backends take) against f64, at a size under and over the parallel threshold. Logits reach +-20, so
-/// softmax spans e^40: a missing max shift or a wrong row's log-sum-exp shows up at once.
-/// Tolerances: the loss is a mean of f32 `lse - logit` terms of magnitude ~20 (each within a few ulp, 2e-6
-/// relative), so 1e-5 absolute; gradient entries are `softmax / rows` with softmax within ~5 ulp (exp's 2 ulp
-/// and the log-sum-exp's rounding), so 1e-6 relative to the largest entry.
+/// GPU backends take) against f64, at a size under and over the parallel threshold. Logits reach +-100, past
+/// f32's `exp` overflow at 88.7: a missing max shift gives inf or NaN, and a wrong row's log-sum-exp shows.
+/// Tolerances: the loss is a mean of f32 `lse - logit` terms of magnitude up to ~200, each within a few ulp
+/// (1.5e-5 at 100), so 1e-4 absolute; gradient entries are `softmax / rows`, whose exponent `x - lse` carries
+/// about 100 * 2^-24 absolute rounding (6e-6 relative after exp), so 1e-5 relative to the largest entry.
 #[test]
 fn cross_entropy_and_its_gradient_match_float64() {
     use crate::kernels::{portable_cross_entropy, portable_cross_entropy_backward};
     for (batch, seq, vocab) in [(1, 3, 50), (4, 64, 2048)] {
         let rows = batch * seq;
-        let logits = tensor::<Flex, 3>([batch, seq, vocab], 12, 20.0);
+        let logits = tensor::<Flex, 3>([batch, seq, vocab], 12, 100.0);
         let targets: Vec<usize> = (0..rows).map(|r| (r * 7919 + 13) % vocab).collect();
         let target_tensor = || {
             let ids: Vec<i64> = targets.iter().map(|&t| t as i64).collect();
@@ -302,7 +302,7 @@ fn cross_entropy_and_its_gradient_match_float64() {
         let grad_scale = want_grad.iter().fold(0.0f64, |m, g| m.max(g.abs()));
         let check = |what: &str, loss: f32, grad: Vec<f32>| {
             assert!(
-                (f64::from(loss) - want_loss).abs() < 1e-5,
+                (f64::from(loss) - want_loss).abs() < 1e-4,
                 "{what} {rows}x{vocab}: loss {loss} vs {want_loss}"
             );
             let err = grad
@@ -311,7 +311,7 @@ fn cross_entropy_and_its_gradient_match_float64() {
                 .map(|(g, w)| (f64::from(*g) - w).abs())
                 .fold(0.0, f64::max);
             assert!(
-                err < 1e-6 * grad_scale,
+                err < 1e-5 * grad_scale,
                 "{what} {rows}x{vocab}: gradient off by {err}"
             );
         };
