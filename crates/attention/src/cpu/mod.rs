@@ -2,8 +2,9 @@
 //! single-threaded passes (its `exp` calls libm per element and no unary op is parallel) done here in one pass,
 //! vectorised and split across the rayon pool; and the small matrix products it leaves on one thread.
 //!
-//! Each kernel takes and returns `FlexTensor`s and answers `None` for inputs it does not handle (a dtype other
-//! than f32, an unexpected layout), so the caller falls back to the portable tensor-op version.
+//! Each kernel takes and returns `FlexTensor`s and declines inputs it does not handle (a dtype other than f32, an
+//! unexpected layout, a padding mask) with `None` (`Err(up)` for SwiGLU, which hands back the buffer it may write
+//! into), so the caller falls back to the portable tensor-op version.
 
 mod cross_entropy;
 mod flash;
