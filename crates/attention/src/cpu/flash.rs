@@ -246,9 +246,9 @@ pub(crate) fn flash_forward(
         // SAFETY: task `bh` alone takes chunk `bh` of each output.
         let (out, lse) = unsafe { (out_chunks.get(bh), lse_chunks.get(bh)) };
         let kv = bh / d.q_heads * d.kv_heads + bh % d.q_heads / d.group();
-        let q = &qd[bh * d.q_len * d.head_dim..(bh + 1) * d.q_len * d.head_dim];
-        let k = &kd[kv * d.kv_len * d.head_dim..(kv + 1) * d.kv_len * d.head_dim];
-        let v = &vd[kv * d.kv_len * d.v_dim..(kv + 1) * d.kv_len * d.v_dim];
+        let q = head_rows(qd, bh, d.q_len * d.head_dim);
+        let k = head_rows(kd, kv, d.kv_len * d.head_dim);
+        let v = head_rows(vd, kv, d.kv_len * d.v_dim);
         let mut scores = Vec::new();
         for RowBlock {
             first,
@@ -354,8 +354,8 @@ pub(crate) fn flash_backward(
     run_tasks(d.ops() >= PARALLEL_MIN_OPS, d.batch * d.kv_heads, |bkv| {
         // SAFETY: task `bkv` alone takes chunk `bkv` of each gradient.
         let (dq, dk, dv) = unsafe { (dq_chunks.get(bkv), dk_chunks.get(bkv), dv_chunks.get(bkv)) };
-        let k = &kd[bkv * d.kv_len * d.head_dim..(bkv + 1) * d.kv_len * d.head_dim];
-        let v = &vd[bkv * d.kv_len * d.v_dim..(bkv + 1) * d.kv_len * d.v_dim];
+        let k = head_rows(kd, bkv, d.kv_len * d.head_dim);
+        let v = head_rows(vd, bkv, d.kv_len * d.v_dim);
         let (mut probs, mut grad_probs) = (Vec::new(), Vec::new());
         for g in 0..group {
             // Query head `bkv * group + g` of the flattened [batch, q_heads] order.
@@ -365,7 +365,7 @@ pub(crate) fn flash_backward(
                 head_rows(od, head, d.q_len * d.v_dim),
                 head_rows(dod, head, d.q_len * d.v_dim),
             );
-            let lse = &lsed[head * d.q_len..(head + 1) * d.q_len];
+            let lse = head_rows(lsed, head, d.q_len);
             let dq = &mut dq[g * d.q_len * d.head_dim..(g + 1) * d.q_len * d.head_dim];
             for RowBlock {
                 first,
