@@ -1,7 +1,8 @@
 //! ember's kernels on `Autodiff<B>`, each one graph node whose backward step calls the inner backend: flash
 //! attention ([`AttentionBackend::flash_attention_backward`]), RoPE (a rotation: its gradient is the rotation
-//! by the opposite angles), SwiGLU ([`KernelBackend::swiglu_backward`]) and the cross-entropy loss
-//! ([`KernelBackend::cross_entropy_backward`]).
+//! by the opposite angles), the linear layer ([`KernelBackend::dense_backward`]), RMSNorm
+//! ([`KernelBackend::rms_norm_backward`]), SwiGLU
+//! ([`KernelBackend::swiglu_backward`]) and the cross-entropy loss ([`KernelBackend::cross_entropy_backward`]).
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::{
@@ -10,7 +11,9 @@ use burn::backend::autodiff::{
     grads::Gradients,
     ops::{Backward, Ops, OpsKind},
 };
+use burn::tensor::ops::FloatTensorOps;
 use burn::tensor::ops::{BoolTensor, FloatTensor, IntTensor};
+use burn::tensor::{Shape, TensorMetadata};
 
 use crate::flash::FlashConfig;
 use crate::rope::RopeConfig;
@@ -180,6 +183,64 @@ impl<B: KernelBackend> Backward<B, 2> for SwigluBackward {
     }
 }
 
+/// The backward step of a linear layer's product `x · Wᵀ`: parents are (x, weight). Its gradients are
+/// written in the parameters' own layouts (burn's matmul of the transposed weight returns the weight's gradient
+/// transposed).
+#[derive(Debug)]
+struct DenseBackward;
+
+impl<B: KernelBackend> Backward<B, 2> for DenseBackward {
+    /// Checkpointed x and weight.
+    type State = (NodeId, NodeId);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let [node_x, node_weight] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (x_id, weight_id) = ops.state;
+        let x: FloatTensor<B> = checkpointer.retrieve_node_output(x_id);
+        let weight: FloatTensor<B> = checkpointer.retrieve_node_output(weight_id);
+        let (d_x, d_weight) = B::dense_backward(x, weight, grad);
+        for (node, grad) in [(node_x, d_x), (node_weight, d_weight)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+/// The backward step of RMSNorm: parents are (x, weight).
+#[derive(Debug)]
+struct RmsNormBackward;
+
+impl<B: KernelBackend> Backward<B, 2> for RmsNormBackward {
+    /// Checkpointed x and weight, and epsilon.
+    type State = (NodeId, NodeId, f64);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let [node_x, node_weight] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (x_id, weight_id, eps) = ops.state;
+        let x: FloatTensor<B> = checkpointer.retrieve_node_output(x_id);
+        let weight: FloatTensor<B> = checkpointer.retrieve_node_output(weight_id);
+        let (d_x, d_weight) = B::rms_norm_backward(x, weight, eps, grad);
+        for (node, grad) in [(node_x, d_x), (node_weight, d_weight)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
 /// The backward step of the cross-entropy loss: the parent is the logits.
 #[derive(Debug)]
 struct CrossEntropyBackward;
@@ -206,6 +267,40 @@ impl<B: KernelBackend> Backward<B, 1> for CrossEntropyBackward {
 }
 
 impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
+    fn dense(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        match DenseBackward
+            .prepare::<C>([x.node.clone(), weight.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let x_id = prep.checkpoint(&x);
+                let weight_id = prep.checkpoint(&weight);
+                let product = prep.finish(
+                    (x_id, weight_id),
+                    B::dense(x.primitive, weight.primitive, None),
+                );
+                // The bias joins through the tracked broadcast add, whose backward sums over the rows.
+                match bias {
+                    Some(bias) => {
+                        let row = Shape::new([1, bias.primitive.shape().num_elements()]);
+                        Self::float_add(product, Self::float_reshape(bias, row))
+                    }
+                    None => product,
+                }
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::dense(
+                x.primitive,
+                weight.primitive,
+                bias.map(|b| b.primitive),
+            )),
+        }
+    }
+
     fn cross_entropy(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
         match CrossEntropyBackward
             .prepare::<C>([logits.node.clone()])
@@ -218,6 +313,24 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
                 prep.finish((logits_id, targets, lse), loss)
             }
             OpsKind::UnTracked(prep) => prep.finish(B::cross_entropy(logits.primitive, targets)),
+        }
+    }
+
+    fn rms_norm(x: FloatTensor<Self>, weight: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
+        match RmsNormBackward
+            .prepare::<C>([x.node.clone(), weight.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let x_id = prep.checkpoint(&x);
+                let weight_id = prep.checkpoint(&weight);
+                let out = B::rms_norm(x.primitive, weight.primitive, eps);
+                prep.finish((x_id, weight_id, eps), out)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::rms_norm(x.primitive, weight.primitive, eps))
+            }
         }
     }
 

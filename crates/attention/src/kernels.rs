@@ -1,17 +1,18 @@
-//! [`KernelBackend`]: ember's fused kernels outside attention, SwiGLU's gate and the cross-entropy loss, each a
-//! single backend operation.
+//! [`KernelBackend`]: ember's kernels outside attention, the linear layer, RMSNorm, SwiGLU's gate and the
+//! cross-entropy loss, each a single backend operation.
 
 use burn::backend::Flex;
 use burn::tensor::{
-    Int, Tensor, TensorPrimitive,
+    Int, Shape, Tensor, TensorMetadata, TensorPrimitive,
     backend::Backend,
     ops::{FloatTensor, IntTensor},
 };
 
-/// A burn backend that can run SwiGLU's gate `silu(gate) * up` and the mean cross-entropy of logits against
-/// targets, and their gradients, as single operations.
+/// A burn backend that can run a linear layer, RMSNorm, SwiGLU's gate `silu(gate) * up` and the mean
+/// cross-entropy of logits against targets, and their gradients, as single operations.
 ///
-/// The defaults are burn tensor ops (what `activation::silu(gate) * up` and `log_softmax` + `gather` record);
+/// The defaults are burn tensor ops (what `linear`, `activation::silu(gate) * up` and `log_softmax` + `gather`
+/// record);
 /// burn-flex runs each direction as one vectorised, multi-threaded pass ([`crate::cpu`]), and `Autodiff<B>`
 /// records one graph node per call whose backward step is the `*_backward` method, so training keeps only the
 /// inputs (and, for the loss, one log-sum-exp per row) instead of every intermediate.
@@ -39,6 +40,33 @@ pub trait KernelBackend: Backend {
         bias: Option<FloatTensor<Self>>,
     ) -> FloatTensor<Self> {
         portable_linear::<Self>(x, weight, bias)
+    }
+
+    /// `(d_x, d_weight)` of [`dense`](Self::dense) (without its bias) from the gradient `grad` `[rows, out]` of
+    /// its output: `d_x = grad · W` `[rows, in]` and `d_weight = gradᵀ · x` `[out, in]`.
+    fn dense_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        portable_dense_backward::<Self>(x, weight, grad)
+    }
+
+    /// RMSNorm of `x` over its last dimension, `x / sqrt(mean(x²) + eps) * weight`, with `weight` `[dim]`.
+    fn rms_norm(x: FloatTensor<Self>, weight: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
+        portable_rms_norm::<Self>(x, weight, eps)
+    }
+
+    /// `(d_x, d_weight)` of [`rms_norm`](Self::rms_norm) from the gradient `grad` of its output: with
+    /// `r = 1 / sqrt(mean(x²) + eps)` per row and `x̂ = x r`, `d_weight = Σ_rows grad ∘ x̂` and
+    /// `d_x = r (g - x̂ mean(g ∘ x̂))` where `g = grad ∘ weight`.
+    fn rms_norm_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        eps: f64,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        portable_rms_norm_backward::<Self>(x, weight, eps, grad)
     }
 
     /// Mean cross-entropy (nats) `[1]` of `logits` `[rows, vocab]` against `targets` `[rows]`,
@@ -74,6 +102,26 @@ pub fn swiglu<B: KernelBackend, const D: usize>(
 ) -> Tensor<B, D> {
     assert_eq!(gate.dims(), up.dims(), "swiglu: gate and up shapes differ");
     let out = B::swiglu(gate.into_primitive().tensor(), up.into_primitive().tensor());
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+/// RMSNorm of `x` over its last dimension, `x / sqrt(mean(x²) + eps) * weight`, through the backend's
+/// [`KernelBackend::rms_norm`].
+pub fn rms_norm<B: KernelBackend, const D: usize>(
+    x: Tensor<B, D>,
+    weight: Tensor<B, 1>,
+    eps: f64,
+) -> Tensor<B, D> {
+    assert_eq!(
+        x.dims()[D - 1],
+        weight.dims()[0],
+        "rms_norm: the weight does not match the last dimension"
+    );
+    let out = B::rms_norm(
+        x.into_primitive().tensor(),
+        weight.into_primitive().tensor(),
+        eps,
+    );
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
@@ -125,6 +173,63 @@ pub(crate) fn portable_linear<B: Backend>(
     burn::tensor::module::linear(x, weight.transpose(), bias)
         .into_primitive()
         .tensor()
+}
+
+/// [`KernelBackend::dense_backward`] in burn tensor ops.
+pub(crate) fn portable_dense_backward<B: Backend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    grad: FloatTensor<B>,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let d_x = B::float_matmul(grad.clone(), weight);
+    let d_weight = B::float_matmul(B::float_transpose(grad), x);
+    (d_x, d_weight)
+}
+
+/// `weight` `[dim]` shaped to broadcast against a tensor of `rank` dimensions.
+fn broadcast_row<B: Backend>(weight: FloatTensor<B>, rank: usize) -> FloatTensor<B> {
+    let mut dims = vec![1; rank];
+    dims[rank - 1] = weight.shape().num_elements();
+    B::float_reshape(weight, Shape::from(dims))
+}
+
+/// [`KernelBackend::rms_norm`] in burn tensor ops (the ops `Norm` recorded before the kernel existed).
+pub(crate) fn portable_rms_norm<B: Backend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    eps: f64,
+) -> FloatTensor<B> {
+    let rank = x.shape().num_dims();
+    let mean_square = B::float_mean_dim(B::float_mul(x.clone(), x.clone()), rank - 1);
+    let rms = B::float_sqrt(B::float_add_scalar(mean_square, eps.into()));
+    B::float_mul(B::float_div(x, rms), broadcast_row::<B>(weight, rank))
+}
+
+/// [`KernelBackend::rms_norm_backward`] in burn tensor ops.
+pub(crate) fn portable_rms_norm_backward<B: Backend>(
+    x: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    eps: f64,
+    grad: FloatTensor<B>,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let shape = x.shape();
+    let (rank, dim) = (shape.num_dims(), shape[shape.num_dims() - 1]);
+    let rows = shape.num_elements() / dim.max(1);
+    let mean_square = B::float_mean_dim(B::float_mul(x.clone(), x.clone()), rank - 1);
+    let r = B::float_recip(B::float_sqrt(B::float_add_scalar(mean_square, eps.into())));
+    let x_hat = B::float_mul(x, r.clone());
+    let weight_shape = weight.shape();
+    let d_weight = B::float_sum_dim(
+        B::float_reshape(
+            B::float_mul(grad.clone(), x_hat.clone()),
+            Shape::from(vec![rows, dim]),
+        ),
+        0,
+    );
+    let g = B::float_mul(grad, broadcast_row::<B>(weight, rank));
+    let mean = B::float_mean_dim(B::float_mul(g.clone(), x_hat.clone()), rank - 1);
+    let d_x = B::float_mul(r, B::float_sub(g, B::float_mul(x_hat, mean)));
+    (d_x, B::float_reshape(d_weight, weight_shape))
 }
 
 /// [`KernelBackend::swiglu`] in burn tensor ops.
@@ -192,18 +297,32 @@ impl KernelBackend for Flex {
         weight: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
     ) -> FloatTensor<Self> {
-        match crate::cpu::linear(&x, &weight) {
-            Some(product) => match bias {
-                Some(bias) => {
-                    let product =
-                        Tensor::<Self, 2>::from_primitive(TensorPrimitive::Float(product));
-                    let bias = Tensor::<Self, 1>::from_primitive(TensorPrimitive::Float(bias));
-                    (product + bias.unsqueeze::<2>()).into_primitive().tensor()
-                }
-                None => product,
-            },
-            None => portable_linear::<Self>(x, weight, bias),
-        }
+        crate::cpu::dense(&x, &weight, bias.as_ref())
+            .unwrap_or_else(|| portable_linear::<Self>(x, weight, bias))
+    }
+
+    fn dense_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        crate::cpu::dense_backward(&x, &weight, &grad)
+            .unwrap_or_else(|| portable_dense_backward::<Self>(x, weight, grad))
+    }
+
+    fn rms_norm(x: FloatTensor<Self>, weight: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
+        crate::cpu::rms_norm(&x, &weight, eps)
+            .unwrap_or_else(|| portable_rms_norm::<Self>(x, weight, eps))
+    }
+
+    fn rms_norm_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        eps: f64,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        crate::cpu::rms_norm_backward(&x, &weight, eps, &grad)
+            .unwrap_or_else(|| portable_rms_norm_backward::<Self>(x, weight, eps, grad))
     }
 
     fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {

@@ -59,10 +59,11 @@ mod options;
 mod rope;
 
 pub use backend::AttentionBackend;
+pub use cpu::{kernel_threads, with_kernel_threads};
 pub use error::AttentionError;
 pub use flash::{FlashBlocks, FlashConfig, flash_backward, flash_forward};
 pub use kernel::{AttentionKernel, attention, check_shapes, flash_attention};
-pub use kernels::{KernelBackend, cross_entropy, linear, swiglu};
+pub use kernels::{KernelBackend, cross_entropy, linear, rms_norm, swiglu};
 pub use kv_cache::{ContiguousKvCache, KvCache};
 pub use options::{AttentionOptions, MaskSpec};
 pub use rope::{Rope, RopeCache, RopeConfig, RopeLayout, RopeScaling};

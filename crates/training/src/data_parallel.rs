@@ -77,6 +77,8 @@ struct Worker<M> {
 pub struct DataParallel<AB: AutodiffBackend, M> {
     workers: Vec<Worker<M>>,
     devices: Vec<AB::Device>,
+    /// CPU kernel threads each replica uses ([`ember_attention::with_kernel_threads`]).
+    kernel_threads: usize,
     _session: MutexGuard<'static, ()>,
 }
 
@@ -115,6 +117,8 @@ where
                 .map(|&id| AB::Device::from_id(id))
                 .collect()
         };
+        // Replicas on one CPU split its cores rather than all handing their products to one shared pool.
+        let kernel_threads = (ember_attention::kernel_threads() / devices.len()).max(1);
         let mut workers = Vec::with_capacity(devices.len() - 1);
         for (index, device) in devices.iter().enumerate().skip(1) {
             let (jobs, job_rx) = channel::<Job<M>>();
@@ -124,7 +128,11 @@ where
             let peer = PeerId::from(index as u32);
             let thread = std::thread::Builder::new()
                 .name(format!("ember-replica-{index}"))
-                .spawn(move || worker_loop::<AB, M>(peer, device, config, job_rx, loss_tx))
+                .spawn(move || {
+                    ember_attention::with_kernel_threads(kernel_threads, || {
+                        worker_loop::<AB, M>(peer, device, config, job_rx, loss_tx)
+                    })
+                })
                 .map_err(|e| collective_error("worker start", e))?;
             workers.push(Worker {
                 jobs,
@@ -137,6 +145,7 @@ where
         Ok(Some(DataParallel {
             workers,
             devices,
+            kernel_threads,
             _session: session,
         }))
     }
@@ -189,7 +198,9 @@ where
         }
         let device = self.devices[0].clone();
         let local = catch_unwind(AssertUnwindSafe(|| {
-            shard_gradients::<AB, M>(model, &own, block_size, &device)
+            ember_attention::with_kernel_threads(self.kernel_threads, || {
+                shard_gradients::<AB, M>(model, &own, block_size, &device)
+            })
         }))
         .unwrap_or_else(|panic| Err(panic_message(panic)));
         let reduced = reduce_step::<AB::InnerBackend>(PeerId::from(0), local, &device);

@@ -6,7 +6,7 @@ use burn::tensor::{DType, Shape};
 use rayon::prelude::*;
 
 use super::simd::{exp, vectorized};
-use super::{PARALLEL_MIN, f32_slice, for_each_chunk};
+use super::{PARALLEL_MIN, f32_slice, for_each_chunk, kernel_threads, zeroed};
 
 /// Target ids as `usize`, or `None` if a dtype is unexpected or an id is not in `0..vocab`.
 fn target_ids(targets: &FlexTensor, vocab: usize) -> Option<Vec<usize>> {
@@ -66,12 +66,12 @@ pub(crate) fn cross_entropy(
     let (rows, vocab) = (shape[0], shape[1]);
     let x = f32_slice(logits)?;
     let ids = target_ids(targets, vocab)?;
-    let mut lse = FlexTensor::empty(Shape::from(vec![rows]), DType::F32);
+    let mut lse = zeroed(Shape::from(vec![rows]));
     let lse_out = &mut lse.storage_mut::<f32>()[..rows];
     let row_lse = |(r, out): (usize, &mut f32)| {
         *out = vectorized(|| log_sum_exp(&x[r * vocab..(r + 1) * vocab]));
     };
-    if rows * vocab < PARALLEL_MIN {
+    if rows * vocab < PARALLEL_MIN || kernel_threads() == 1 {
         lse_out.iter_mut().enumerate().for_each(row_lse);
     } else {
         lse_out.par_iter_mut().enumerate().for_each(row_lse);
@@ -110,7 +110,7 @@ pub(crate) fn cross_entropy_backward(
         return None;
     }
     let scale = g / rows.max(1) as f32;
-    let mut out = FlexTensor::empty(shape, DType::F32);
+    let mut out = zeroed(shape);
     for_each_chunk(
         &mut out.storage_mut::<f32>()[..rows * vocab],
         vocab,

@@ -10,8 +10,8 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Shape};
 use rayon::prelude::*;
 
-use super::f32_slice;
 use super::simd::{exp, vectorized};
+use super::{f32_slice, kernel_threads, zeroed};
 
 /// Replaces each `x` of `row` by `exp(x - max)` and returns their sum (in 8 lanes, so both loops vectorise).
 #[inline(always)]
@@ -183,7 +183,7 @@ fn run_tasks<F>(parallel: bool, count: usize, task: F)
 where
     F: Fn(usize) + Sync + Send,
 {
-    if parallel {
+    if parallel && kernel_threads() > 1 {
         (0..count).into_par_iter().for_each(task);
     } else {
         (0..count).for_each(task);
@@ -221,9 +221,100 @@ impl Chunks {
     }
 }
 
+/// A read-only `[batch, heads, len, width]` f32 tensor with unit stride along `width` and any other strides:
+/// the heads as the projections left them (a transposed view), or a slice of a KV cache, read in place.
+struct Heads<'a> {
+    data: &'a [f32],
+    start: usize,
+    /// Strides of batch, head and row.
+    strides: [usize; 3],
+    heads: usize,
+    len: usize,
+    width: usize,
+}
+
+impl<'a> Heads<'a> {
+    /// `t` viewed as `[batch, heads, len, width]`, or `None` when it has another shape or layout.
+    fn of(t: &'a FlexTensor, [batch, heads, len, width]: [usize; 4]) -> Option<Self> {
+        let (shape, st) = (t.layout().shape(), t.layout().strides());
+        if t.dtype() != DType::F32
+            || shape.num_dims() != 4
+            || [shape[0], shape[1], shape[2], shape[3]] != [batch, heads, len, width]
+            || st[3] != 1
+            || st.iter().any(|&s| s < 0)
+        {
+            return None;
+        }
+        Some(Heads {
+            data: t.storage(),
+            start: t.layout().start_offset(),
+            strides: [st[0], st[1], st[2]].map(|s| s as usize),
+            heads,
+            len,
+            width,
+        })
+    }
+
+    /// Head `bh` of the flattened `[batch, heads]` order: the memory from its first row to the end of its last,
+    /// and the row stride.
+    fn head(&self, bh: usize) -> (&'a [f32], usize) {
+        let base =
+            self.start + bh / self.heads * self.strides[0] + bh % self.heads * self.strides[1];
+        let end = base + (self.len - 1) * self.strides[2] + self.width;
+        (&self.data[base..end], self.strides[2])
+    }
+}
+
+/// An output written head by head into position-major memory, `[batch, len, heads, width]`.
+struct HeadsOut {
+    ptr: *mut f32,
+    total: usize,
+    heads: usize,
+    len: usize,
+    width: usize,
+}
+// SAFETY: tasks write through `write` only, each to rows of heads no other task writes during the call.
+unsafe impl Send for HeadsOut {}
+unsafe impl Sync for HeadsOut {}
+
+impl HeadsOut {
+    /// `t` must be a fresh contiguous `[batch, len, heads, width]` tensor.
+    fn new(t: &mut FlexTensor) -> Self {
+        let s = t.layout().shape().clone();
+        let data = t.storage_mut::<f32>();
+        HeadsOut {
+            ptr: data.as_mut_ptr(),
+            total: data.len(),
+            heads: s[2],
+            len: s[1],
+            width: s[3],
+        }
+    }
+
+    /// Copies `rows` (consecutive rows of `width`) into rows `first..` of head `bh`.
+    ///
+    /// # Safety
+    /// No other thread reads or writes these rows of this head during the call.
+    unsafe fn write(&self, bh: usize, first: usize, rows: &[f32]) {
+        let (b, h) = (bh / self.heads, bh % self.heads);
+        for (i, row) in rows.chunks_exact(self.width).enumerate() {
+            let at = ((b * self.len + first + i) * self.heads + h) * self.width;
+            assert!(first + i < self.len && at + self.width <= self.total);
+            // SAFETY: in bounds (asserted); exclusive by the caller's contract; `row` is caller memory.
+            unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), self.ptr.add(at), self.width) };
+        }
+    }
+}
+
+/// A fresh position-major buffer for `heads` heads of `len` rows of `width`.
+fn position_major(d: &Dims, len: usize, heads: usize, width: usize) -> FlexTensor {
+    zeroed(Shape::from(vec![d.batch, len, heads, width]))
+}
+
 /// Forward pass: `(output [batch, q_heads, q_len, v_dim], lse [batch, q_heads, q_len])`, or `None` for inputs this
 /// kernel does not take (not f32, a key-padding mask, inconsistent shapes). Same conventions as
-/// [`crate::flash_forward`]: rows with no visible key output 0 with a log-sum-exp of `f32::MIN`.
+/// [`crate::flash_forward`]: rows with no visible key output 0 with a log-sum-exp of `f32::MIN`. The output is
+/// position-major in memory (see [`super::heads_view`]).
 pub(crate) fn flash_forward(
     q: &FlexTensor,
     k: &FlexTensor,
@@ -232,24 +323,20 @@ pub(crate) fn flash_forward(
     scale: f64,
 ) -> Option<(FlexTensor, FlexTensor)> {
     let d = Dims::of(q, k, v)?;
-    let (q, k, v) = (q.to_contiguous(), k.to_contiguous(), v.to_contiguous());
-    let (qd, kd, vd) = (f32_slice(&q)?, f32_slice(&k)?, f32_slice(&v)?);
-    let mut out = FlexTensor::empty(
-        Shape::from(vec![d.batch, d.q_heads, d.q_len, d.v_dim]),
-        DType::F32,
-    );
-    let mut lse = FlexTensor::empty(Shape::from(vec![d.batch, d.q_heads, d.q_len]), DType::F32);
-    let out_chunks = Chunks::new(out.storage_mut::<f32>(), d.q_len * d.v_dim);
+    let qh = Heads::of(q, [d.batch, d.q_heads, d.q_len, d.head_dim])?;
+    let kh = Heads::of(k, [d.batch, d.kv_heads, d.kv_len, d.head_dim])?;
+    let vh = Heads::of(v, [d.batch, d.kv_heads, d.kv_len, d.v_dim])?;
+    let mut out = position_major(&d, d.q_len, d.q_heads, d.v_dim);
+    let mut lse = zeroed(Shape::from(vec![d.batch, d.q_heads, d.q_len]));
+    let out_rows = HeadsOut::new(&mut out);
     let lse_chunks = Chunks::new(lse.storage_mut::<f32>(), d.q_len);
     let scale = scale as f32;
     run_tasks(d.ops() >= PARALLEL_MIN_OPS, d.batch * d.q_heads, |bh| {
-        // SAFETY: task `bh` alone takes chunk `bh` of each output.
-        let (out, lse) = unsafe { (out_chunks.get(bh), lse_chunks.get(bh)) };
+        // SAFETY: task `bh` alone takes chunk `bh` of the log-sum-exp.
+        let lse = unsafe { lse_chunks.get(bh) };
         let kv = bh / d.q_heads * d.kv_heads + bh % d.q_heads / d.group();
-        let q = head_rows(qd, bh, d.q_len * d.head_dim);
-        let k = head_rows(kd, kv, d.kv_len * d.head_dim);
-        let v = head_rows(vd, kv, d.kv_len * d.v_dim);
-        let mut scores = Vec::new();
+        let ((q, q_rs), (k, k_rs), (v, v_rs)) = (qh.head(bh), kh.head(kv), vh.head(kv));
+        let (mut scores, mut block) = (Vec::new(), Vec::new());
         for RowBlock {
             first,
             rows,
@@ -270,10 +357,10 @@ pub(crate) fn flash_forward(
                 (rows, n, d.head_dim),
                 &mut scores,
                 (n, 1),
-                &q[first * d.head_dim..],
-                (d.head_dim, 1),
-                &k[lo * d.head_dim..],
-                (1, d.head_dim),
+                &q[first * q_rs..],
+                (q_rs, 1),
+                &k[lo * k_rs..],
+                (1, k_rs),
                 scale,
                 false,
             );
@@ -294,25 +381,28 @@ pub(crate) fn flash_forward(
                 lse[first + r] = max + sum.ln();
             }
             // out[rows] = probabilities · v[lo..hi], then each row divided by its sum.
-            let out_rows = &mut out[first * d.v_dim..(first + rows) * d.v_dim];
+            block.clear();
+            block.resize(rows * d.v_dim, 0.0);
             gemm(
                 (rows, d.v_dim, n),
-                out_rows,
+                &mut block,
                 (d.v_dim, 1),
                 &scores,
                 (n, 1),
-                &v[lo * d.v_dim..],
-                (d.v_dim, 1),
+                &v[lo * v_rs..],
+                (v_rs, 1),
                 1.0,
                 false,
             );
-            for (row, &sum) in out_rows.chunks_exact_mut(d.v_dim).zip(&sums) {
+            for (row, &sum) in block.chunks_exact_mut(d.v_dim).zip(&sums) {
                 let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
                 row.iter_mut().for_each(|x| *x *= inv);
             }
+            // SAFETY: rows `first..first + rows` of head `bh` belong to this task alone.
+            unsafe { out_rows.write(bh, first, &block) };
         }
     });
-    Some((out, lse))
+    Some((super::heads_view(out), lse))
 }
 
 /// The `size` elements of head `head` in a buffer of consecutive heads.
@@ -322,7 +412,8 @@ fn head_rows(x: &[f32], head: usize, size: usize) -> &[f32] {
 
 /// Backward pass: `(dq, dk, dv)` from the forward's inputs, `output`, `lse` and `grad_output`, or `None` for inputs
 /// this kernel does not take. With `P = exp(S - lse)` over the visible keys: `dV = Pᵀ dO`, `dP = dO Vᵀ`,
-/// `dS = P ∘ (dP - rowsum(dO ∘ O))`, `dQ = scale · dS K`, `dK = scale · dSᵀ Q`.
+/// `dS = P ∘ (dP - rowsum(dO ∘ O))`, `dQ = scale · dS K`, `dK = scale · dSᵀ Q`. The gradients are
+/// position-major in memory, like the forward's output.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn flash_backward(
     q: &FlexTensor,
@@ -335,38 +426,37 @@ pub(crate) fn flash_backward(
     scale: f64,
 ) -> Option<(FlexTensor, FlexTensor, FlexTensor)> {
     let d = Dims::of(q, k, v)?;
-    let [q, k, v, o, lse, dout] = [q, k, v, output, lse, grad_output].map(|t| t.to_contiguous());
-    let (qd, kd, vd) = (f32_slice(&q)?, f32_slice(&k)?, f32_slice(&v)?);
-    let (od, lsed, dod) = (f32_slice(&o)?, f32_slice(&lse)?, f32_slice(&dout)?);
-    let rows_total = d.batch * d.q_heads * d.q_len;
-    if od.len() != rows_total * d.v_dim || dod.len() != od.len() || lsed.len() != rows_total {
+    let qh = Heads::of(q, [d.batch, d.q_heads, d.q_len, d.head_dim])?;
+    let kh = Heads::of(k, [d.batch, d.kv_heads, d.kv_len, d.head_dim])?;
+    let vh = Heads::of(v, [d.batch, d.kv_heads, d.kv_len, d.v_dim])?;
+    let oh = Heads::of(output, [d.batch, d.q_heads, d.q_len, d.v_dim])?;
+    let doh = Heads::of(grad_output, [d.batch, d.q_heads, d.q_len, d.v_dim])?;
+    let lse = lse.to_contiguous();
+    let lsed = f32_slice(&lse)?;
+    if lsed.len() != d.batch * d.q_heads * d.q_len {
         return None;
     }
     let (group, scale) = (d.group(), scale as f32);
-    let shape = |heads, len, width| Shape::from(vec![d.batch, heads, len, width]);
-    let mut dq = FlexTensor::empty(shape(d.q_heads, d.q_len, d.head_dim), DType::F32);
-    let mut dk = FlexTensor::empty(shape(d.kv_heads, d.kv_len, d.head_dim), DType::F32);
-    let mut dv = FlexTensor::empty(shape(d.kv_heads, d.kv_len, d.v_dim), DType::F32);
+    let mut dq = position_major(&d, d.q_len, d.q_heads, d.head_dim);
+    let mut dk = position_major(&d, d.kv_len, d.kv_heads, d.head_dim);
+    let mut dv = position_major(&d, d.kv_len, d.kv_heads, d.v_dim);
+    let (dq_rows, dk_rows, dv_rows) = (
+        HeadsOut::new(&mut dq),
+        HeadsOut::new(&mut dk),
+        HeadsOut::new(&mut dv),
+    );
     // One task per (batch, KV head): it owns that head's dk, dv and the dq rows of its `group` query heads.
-    let dq_chunks = Chunks::new(dq.storage_mut::<f32>(), group * d.q_len * d.head_dim);
-    let dk_chunks = Chunks::new(dk.storage_mut::<f32>(), d.kv_len * d.head_dim);
-    let dv_chunks = Chunks::new(dv.storage_mut::<f32>(), d.kv_len * d.v_dim);
     run_tasks(d.ops() >= PARALLEL_MIN_OPS, d.batch * d.kv_heads, |bkv| {
-        // SAFETY: task `bkv` alone takes chunk `bkv` of each gradient.
-        let (dq, dk, dv) = unsafe { (dq_chunks.get(bkv), dk_chunks.get(bkv), dv_chunks.get(bkv)) };
-        let k = head_rows(kd, bkv, d.kv_len * d.head_dim);
-        let v = head_rows(vd, bkv, d.kv_len * d.v_dim);
-        let (mut probs, mut grad_probs) = (Vec::new(), Vec::new());
+        let ((k, k_rs), (v, v_rs)) = (kh.head(bkv), vh.head(bkv));
+        let mut dk_acc = vec![0f32; d.kv_len * d.head_dim];
+        let mut dv_acc = vec![0f32; d.kv_len * d.v_dim];
+        let (mut probs, mut grad_probs, mut dq_blk) = (Vec::new(), Vec::new(), Vec::new());
         for g in 0..group {
             // Query head `bkv * group + g` of the flattened [batch, q_heads] order.
             let head = bkv * group + g;
-            let (q, o, dout) = (
-                head_rows(qd, head, d.q_len * d.head_dim),
-                head_rows(od, head, d.q_len * d.v_dim),
-                head_rows(dod, head, d.q_len * d.v_dim),
-            );
+            let ((q, q_rs), (o, o_rs), (dout, do_rs)) =
+                (qh.head(head), oh.head(head), doh.head(head));
             let lse = head_rows(lsed, head, d.q_len);
-            let dq = &mut dq[g * d.q_len * d.head_dim..(g + 1) * d.q_len * d.head_dim];
             for RowBlock {
                 first,
                 rows,
@@ -379,9 +469,9 @@ pub(crate) fn flash_backward(
                     continue;
                 }
                 let (q_blk, o_blk, do_blk) = (
-                    &q[first * d.head_dim..(first + rows) * d.head_dim],
-                    &o[first * d.v_dim..(first + rows) * d.v_dim],
-                    &dout[first * d.v_dim..(first + rows) * d.v_dim],
+                    &q[first * q_rs..],
+                    &o[first * o_rs..],
+                    &dout[first * do_rs..],
                 );
                 probs.clear();
                 probs.resize(rows * n, 0.0);
@@ -393,9 +483,9 @@ pub(crate) fn flash_backward(
                     &mut probs,
                     (n, 1),
                     q_blk,
-                    (d.head_dim, 1),
-                    &k[lo * d.head_dim..],
-                    (1, d.head_dim),
+                    (q_rs, 1),
+                    &k[lo * k_rs..],
+                    (1, k_rs),
                     scale,
                     false,
                 );
@@ -405,9 +495,9 @@ pub(crate) fn flash_backward(
                     &mut grad_probs,
                     (n, 1),
                     do_blk,
-                    (d.v_dim, 1),
-                    &v[lo * d.v_dim..],
-                    (1, d.v_dim),
+                    (do_rs, 1),
+                    &v[lo * v_rs..],
+                    (1, v_rs),
                     1.0,
                     false,
                 );
@@ -421,9 +511,9 @@ pub(crate) fn flash_backward(
                         continue;
                     }
                     let l = lse[first + r];
-                    let delta: f32 = do_blk[r * d.v_dim..(r + 1) * d.v_dim]
+                    let delta: f32 = do_blk[r * do_rs..r * do_rs + d.v_dim]
                         .iter()
-                        .zip(&o_blk[r * d.v_dim..(r + 1) * d.v_dim])
+                        .zip(&o_blk[r * o_rs..r * o_rs + d.v_dim])
                         .map(|(x, y)| x * y)
                         .sum();
                     vectorized(|| {
@@ -441,41 +531,54 @@ pub(crate) fn flash_backward(
                 // dV[lo..hi] += Pᵀ dO
                 gemm(
                     (n, d.v_dim, rows),
-                    &mut dv[lo * d.v_dim..],
+                    &mut dv_acc[lo * d.v_dim..],
                     (d.v_dim, 1),
                     &probs,
                     (1, n),
                     do_blk,
-                    (d.v_dim, 1),
+                    (do_rs, 1),
                     1.0,
                     true,
                 );
                 // dQ[rows] = scale * dS k[lo..hi]   (each query row is in exactly one block)
+                dq_blk.clear();
+                dq_blk.resize(rows * d.head_dim, 0.0);
                 gemm(
                     (rows, d.head_dim, n),
-                    &mut dq[first * d.head_dim..(first + rows) * d.head_dim],
+                    &mut dq_blk,
                     (d.head_dim, 1),
                     &grad_probs,
                     (n, 1),
-                    &k[lo * d.head_dim..],
-                    (d.head_dim, 1),
+                    &k[lo * k_rs..],
+                    (k_rs, 1),
                     scale,
                     false,
                 );
+                // SAFETY: the dq rows of query head `head` belong to this task alone.
+                unsafe { dq_rows.write(head, first, &dq_blk) };
                 // dK[lo..hi] += scale * dSᵀ q[rows]
                 gemm(
                     (n, d.head_dim, rows),
-                    &mut dk[lo * d.head_dim..],
+                    &mut dk_acc[lo * d.head_dim..],
                     (d.head_dim, 1),
                     &grad_probs,
                     (1, n),
                     q_blk,
-                    (d.head_dim, 1),
+                    (q_rs, 1),
                     scale,
                     true,
                 );
             }
         }
+        // SAFETY: KV head `bkv`'s dk and dv rows belong to this task alone.
+        unsafe {
+            dk_rows.write(bkv, 0, &dk_acc);
+            dv_rows.write(bkv, 0, &dv_acc);
+        }
     });
-    Some((dq, dk, dv))
+    Some((
+        super::heads_view(dq),
+        super::heads_view(dk),
+        super::heads_view(dv),
+    ))
 }

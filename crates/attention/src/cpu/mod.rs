@@ -9,18 +9,22 @@
 mod cross_entropy;
 mod flash;
 mod linear;
+mod norm;
 mod rope;
 mod simd;
 mod swiglu;
 
 pub(crate) use cross_entropy::{cross_entropy, cross_entropy_backward};
 pub(crate) use flash::{flash_backward, flash_forward};
-pub(crate) use linear::linear;
+pub(crate) use linear::{dense, dense_backward};
+pub(crate) use norm::{rms_norm, rms_norm_backward};
 pub(crate) use rope::rope_rotate;
 pub(crate) use swiglu::{swiglu, swiglu_backward};
 
-use burn::backend::flex::FlexTensor;
-use burn::tensor::DType;
+use std::cell::Cell;
+
+use burn::backend::flex::{FlexTensor, Layout};
+use burn::tensor::{Bytes, DType, Shape};
 use rayon::prelude::*;
 
 /// Elements below which a kernel stays on the calling thread: handing out work to the pool costs a few
@@ -39,9 +43,60 @@ fn f32_slice(t: &FlexTensor) -> Option<&[f32]> {
     t.as_slice::<f32>()
 }
 
+thread_local! {
+    /// The most threads the kernels called from this thread may use; `None`: the whole rayon pool.
+    static KERNEL_THREADS: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with the CPU kernels it calls from this thread limited to `threads` threads (1: on this thread
+/// alone), then restores the previous limit.
+///
+/// Data-parallel replicas that are threads of one CPU each take their share of the cores this way: handing
+/// every product of every replica to the one shared pool makes them queue behind each other and costs a
+/// hand-off per operation (measured: 15-25% of a training step on two cores, see docs/BENCHMARKS.md).
+pub fn with_kernel_threads<R>(threads: usize, f: impl FnOnce() -> R) -> R {
+    /// Puts the previous limit back even when `f` unwinds.
+    struct Restore(Option<usize>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            KERNEL_THREADS.with(|limit| limit.set(self.0));
+        }
+    }
+    let _restore = Restore(KERNEL_THREADS.with(|limit| limit.replace(Some(threads.max(1)))));
+    f()
+}
+
+/// Threads the CPU kernels called from this thread may split their work across: the rayon pool's (what
+/// `--threads` sets), capped by [`with_kernel_threads`].
+pub fn kernel_threads() -> usize {
+    let pool = rayon::current_num_threads();
+    KERNEL_THREADS.with(|limit| limit.get().map_or(pool, |cap| cap.min(pool)))
+}
+
+/// A zero-filled f32 tensor of `shape`. `FlexTensor::empty` allocates bytes and copies them once more to
+/// align them for any dtype: a second pass over every output that an f32 buffer does not need.
+fn zeroed(shape: Shape) -> FlexTensor {
+    let data = Bytes::from_elems(vec![0.0f32; shape.num_elements()]);
+    FlexTensor::new(data, Layout::contiguous(shape), DType::F32)
+}
+
+/// The `[batch, heads, len, width]` view of a contiguous `[batch, len, heads, width]` tensor: how the
+/// attention kernels return heads, in the memory order of the projections they come from and go back to.
+fn heads_view(t: FlexTensor) -> FlexTensor {
+    let s = t.layout().shape();
+    let [batch, len, heads, width] = [s[0], s[1], s[2], s[3]];
+    let strides = [len * heads * width, width, heads * width, 1].map(|x| x as isize);
+    let layout = Layout::new(
+        Shape::from(vec![batch, heads, len, width]),
+        strides.to_vec(),
+        0,
+    );
+    FlexTensor::from_arc(t.data_arc(), layout, DType::F32)
+}
+
 /// Runs `kernel(out_chunk, offset)` over `out` in chunks of whole `row`s, on the rayon pool when `out` is large.
 fn for_each_chunk(out: &mut [f32], row: usize, kernel: impl Fn(&mut [f32], usize) + Sync + Send) {
-    if out.len() < PARALLEL_MIN {
+    if out.len() < PARALLEL_MIN || kernel_threads() == 1 {
         kernel(out, 0);
         return;
     }
@@ -57,7 +112,7 @@ fn for_each_chunk_pair(
     b: &mut [f32],
     kernel: impl Fn(&mut [f32], &mut [f32], usize) + Sync + Send,
 ) {
-    if a.len() < PARALLEL_MIN {
+    if a.len() < PARALLEL_MIN || kernel_threads() == 1 {
         kernel(a, b, 0);
         return;
     }

@@ -1,11 +1,13 @@
-//! RoPE in one pass: reads `x` through its strides (the heads are usually a transposed view of the projection),
-//! writes the rotated rows contiguous.
+//! RoPE in one pass: reads `x` through its strides (the heads are usually a transposed view of the projection)
+//! and writes the rotated rows position-major, `[batch, seq, heads, head_dim]` in memory, returned as the
+//! `[batch, heads, seq, head_dim]` view of it: the layout the projection produced, so neither the attention
+//! kernel nor the gradient flowing back into the projection needs a transposing copy.
 
 use burn::backend::flex::FlexTensor;
-use burn::tensor::DType;
+use burn::tensor::{DType, Shape};
 
 use super::simd::vectorized;
-use super::{f32_slice, for_each_chunk};
+use super::{f32_slice, for_each_chunk, zeroed};
 use crate::rope::{RopeConfig, RopeLayout};
 
 /// `x * cos + rotate(x) * sin` for `x` `[batch, heads, seq, head_dim]` (any strides, unit stride along
@@ -45,8 +47,8 @@ pub(crate) fn rope_rotate(
         [strides[0], strides[1], strides[2]].map(|s| s as usize),
     );
 
-    let mut out = FlexTensor::empty(shape, DType::F32);
     let n = batch * heads * seq * head_dim;
+    let mut out = zeroed(Shape::from(vec![batch, seq, heads, head_dim]));
     let (layout, rotary) = (config.layout, config.rotary_dim);
     for_each_chunk(
         &mut out.storage_mut::<f32>()[..n],
@@ -54,8 +56,9 @@ pub(crate) fn rope_rotate(
         |rows, first| {
             vectorized(|| {
                 for (i, o) in rows.chunks_exact_mut(head_dim).enumerate() {
+                    // Output rows are in (batch, position, head) order.
                     let row = first / head_dim + i;
-                    let (b, h, t) = (row / (heads * seq), row / seq % heads, row % seq);
+                    let (b, t, h) = (row / (seq * heads), row / heads % seq, row % heads);
                     let at = start + b * sb + h * sh + t * st;
                     let x = &src[at..at + head_dim];
                     let table = (if table_rows == 1 { 0 } else { b } * seq + t) * head_dim;
@@ -66,7 +69,7 @@ pub(crate) fn rope_rotate(
             })
         },
     );
-    Some(out)
+    Some(super::heads_view(out))
 }
 
 /// One row: rotated pairs in the first `rotary` dimensions, the rest scaled by `cos` (1 there).

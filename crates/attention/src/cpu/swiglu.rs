@@ -1,10 +1,9 @@
 //! SwiGLU's gate `silu(gate) * up` and its gradients, each one vectorised pass over the activations.
 
 use burn::backend::flex::FlexTensor;
-use burn::tensor::DType;
 
 use super::simd::{sigmoid, vectorized};
-use super::{f32_slice, for_each_chunk, for_each_chunk_pair};
+use super::{f32_slice, for_each_chunk, for_each_chunk_pair, zeroed};
 
 /// `silu(gate) * up` for contiguous f32 tensors of one shape, written into `up` when nothing else holds it;
 /// `Err(up)` for other inputs.
@@ -19,10 +18,7 @@ pub(crate) fn swiglu(gate: &FlexTensor, up: FlexTensor) -> Result<FlexTensor, Fl
     let (mut out, source) = if up.is_unique() && up.layout().contiguous_offsets() == Some((0, n)) {
         (up, None)
     } else {
-        (
-            FlexTensor::empty(up.layout().shape().clone(), DType::F32),
-            Some(up),
-        )
+        (zeroed(up.layout().shape().clone()), Some(up))
     };
     let u = source.as_ref().and_then(f32_slice);
     let o = &mut out.storage_mut::<f32>()[..n];
@@ -58,8 +54,8 @@ pub(crate) fn swiglu_backward(
     }
     let (g, u, dy) = (f32_slice(gate)?, f32_slice(up)?, f32_slice(grad)?);
     let n = g.len();
-    let mut d_gate = FlexTensor::empty(shape.clone(), DType::F32);
-    let mut d_up = FlexTensor::empty(shape.clone(), DType::F32);
+    let mut d_gate = zeroed(shape.clone());
+    let mut d_up = zeroed(shape.clone());
     let (dg_all, du_all) = (
         &mut d_gate.storage_mut::<f32>()[..n],
         &mut d_up.storage_mut::<f32>()[..n],

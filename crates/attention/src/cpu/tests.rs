@@ -346,52 +346,131 @@ fn cross_entropy_and_its_gradient_match_float64() {
     }
 }
 
-/// The column-split product against burn's matmul, for decode-sized rows (one and three) and a bias.
-/// Both sum `in` products in f32, in different orders: 1e-5 relative to the row's largest |x|·|w| sum.
+/// The dense kernel against burn's matmul, for decode-sized rows (one, three: split by column unless the
+/// product is tiny) and prefill/training-sized rows, with and without a bias. Both sum `in` products in f32,
+/// in different orders: 1e-5 relative to the row's largest |x|·|w| sum (about 1 here).
 #[test]
-fn split_linear_matches_the_single_threaded_product() {
+fn dense_kernel_matches_burns_matmul() {
     use crate::kernels::portable_linear;
-    for rows in [1, 3] {
-        let x = tensor::<Flex, 2>([rows, 576], 13, 1.0);
-        let w = tensor::<Flex, 2>([1000, 576], 14, 0.1);
-        let b = tensor::<Flex, 1>([1000], 15, 1.0);
-        if rayon::current_num_threads() >= 2 {
-            let split = crate::cpu::linear(&primitive(x.clone()), &primitive(w.clone()));
-            assert!(split.is_some(), "a {rows}-row product was not split");
+    for (rows, inputs, out) in [(1, 576, 1000), (3, 576, 1000), (2, 8, 24), (130, 96, 200)] {
+        let x = tensor::<Flex, 2>([rows, inputs], 13, 1.0);
+        let w = tensor::<Flex, 2>([out, inputs], 14, 0.1);
+        let b = tensor::<Flex, 1>([out], 15, 1.0);
+        for bias in [None, Some(b)] {
+            let ours = crate::cpu::dense(
+                &primitive(x.clone()),
+                &primitive(w.clone()),
+                bias.clone().map(primitive).as_ref(),
+            )
+            .expect("the kernel takes contiguous f32 operands");
+            let reference = portable_linear::<Flex>(
+                primitive(x.clone()),
+                primitive(w.clone()),
+                bias.clone().map(primitive),
+            );
+            let err = max_rel(
+                &floats(from_primitive::<Flex, 2>(ours)),
+                &floats(from_primitive::<Flex, 2>(reference)),
+                1.0,
+            );
+            assert!(err < 1e-5, "{rows}x{inputs}x{out}: relative error {err}");
         }
-        let ours = floats(crate::linear(x.clone(), w.clone(), Some(b.clone())));
-        let reference = floats(from_primitive::<Flex, 2>(portable_linear::<Flex>(
-            primitive(x),
-            primitive(w),
-            Some(primitive(b)),
-        )));
-        let err = max_rel(&ours, &reference, 1.0);
-        assert!(err < 1e-5, "{rows} rows: relative error {err}");
     }
-    // One row against an LM-head-sized weight: burn-flex would parallelise it, gemm would not.
-    let x = tensor::<Flex, 2>([1, 576], 18, 1.0);
-    let w = tensor::<Flex, 2>([16384, 576], 19, 0.1);
-    if rayon::current_num_threads() >= 2 {
-        assert!(crate::cpu::linear(&primitive(x), &primitive(w)).is_some());
+    // A transposed (strided) input is declined, and the public function still gets it right.
+    let xt = tensor::<Flex, 2>([64, 5], 16, 1.0).transpose();
+    let w = tensor::<Flex, 2>([7, 64], 17, 0.1);
+    assert!(crate::cpu::dense(&primitive(xt.clone()), &primitive(w.clone()), None).is_none());
+    let expected = floats(xt.clone().matmul(w.clone().transpose()));
+    let err = max_rel(&floats(crate::linear(xt, w, None)), &expected, 1.0);
+    assert!(err < 1e-5, "strided input: relative error {err}");
+}
+
+/// The linear layer's gradients through its graph node (the native backward) against autodiff through burn's
+/// `linear` on the transposed weight. The weight's gradient also comes back in the weight's own, contiguous
+/// layout (burn's comes back as a transposed view, which the optimizer then copies). Same f32 sums in
+/// different orders: 1e-5 relative, with a floor of 1 (gradients of unit scale).
+#[test]
+fn dense_gradients_match_autodiff_through_tensor_ops() {
+    let (rows, inputs, out) = (70, 48, 40);
+    let grad = tensor::<A, 2>([rows, out], 24, 1.0);
+    let run = |native: bool| {
+        let x = tensor::<A, 2>([rows, inputs], 21, 1.0).require_grad();
+        let w = tensor::<A, 2>([out, inputs], 22, 0.3).require_grad();
+        let b = tensor::<A, 1>([out], 23, 1.0).require_grad();
+        let y = if native {
+            crate::linear(x.clone(), w.clone(), Some(b.clone()))
+        } else {
+            burn::tensor::module::linear(x.clone(), w.clone().transpose(), Some(b.clone()))
+        };
+        let grads = (y * grad.clone()).sum().backward();
+        let dw = w.grad(&grads).expect("weight gradient");
+        let contiguous = dw
+            .clone()
+            .into_primitive()
+            .tensor()
+            .layout()
+            .is_contiguous();
+        let all = [
+            floats(x.grad(&grads).expect("x gradient")),
+            floats(dw),
+            floats(b.grad(&grads).expect("bias gradient")),
+        ];
+        (all, contiguous)
+    };
+    let ((ours, contiguous), (reference, _)) = (run(true), run(false));
+    assert!(
+        contiguous,
+        "the weight gradient is not in the weight's layout"
+    );
+    for (what, (a, b)) in ["d_x", "d_weight", "d_bias"]
+        .iter()
+        .zip(ours.iter().zip(&reference))
+    {
+        let err = max_rel(a, b, 1.0);
+        assert!(err < 1e-5, "{what}: relative error {err}");
     }
-    // Products burn-flex parallelises itself are left to it.
-    let x = tensor::<Flex, 2>([256, 576], 16, 1.0);
-    let w = tensor::<Flex, 2>([1536, 576], 17, 0.1);
-    assert!(crate::cpu::linear(&primitive(x), &primitive(w)).is_none());
+    let x = tensor::<Flex, 2>([rows, inputs], 21, 1.0);
+    let w = tensor::<Flex, 2>([out, inputs], 22, 0.3);
+    let g = tensor::<Flex, 2>([rows, out], 24, 1.0);
+    assert!(
+        crate::cpu::dense_backward(&primitive(x), &primitive(w), &primitive(g)).is_some(),
+        "the native backward declined contiguous f32 operands"
+    );
 }
 
 /// The native flash kernel takes the unpadded f32 calls burn-flex gets (so the oracle tests of `attention` on
-/// burn-flex check it, not the portable fallback), declines a padding mask, and agrees with the portable
-/// tensor-op kernel: both sum f32 dot products in different orders, so within 1e-5 (outputs of unit scale).
+/// burn-flex check it, not the portable fallback), with contiguous heads or heads that are a transposed view of
+/// a `[batch, seq, heads, dim]` projection (read in place), and agrees with the portable tensor-op kernel: both
+/// sum f32 dot products in different orders, so within 1e-5 (outputs of unit scale). Its output and gradients
+/// are position-major in memory, so the transposes back to `[batch, seq, heads * dim]` cost no copy.
 #[test]
 fn native_flash_runs_and_agrees_with_the_portable_kernel() {
+    let heads = |shape: [usize; 4], seed: u64, transposed: bool| {
+        let [b, h, s, d] = shape;
+        if transposed {
+            tensor::<Flex, 4>([b, s, h, d], seed, 1.0).swap_dims(1, 2)
+        } else {
+            tensor::<Flex, 4>(shape, seed, 1.0)
+        }
+    };
+    for transposed in [false, true] {
+        let (q, k, v, grad) = (
+            heads([2, 4, 100, 16], 20, transposed),
+            heads([2, 2, 100, 16], 21, transposed),
+            heads([2, 2, 100, 16], 22, transposed),
+            heads([2, 4, 100, 16], 23, transposed),
+        );
+        native_flash_case(q, k, v, grad);
+    }
+}
+
+fn native_flash_case(
+    q: Tensor<Flex, 4>,
+    k: Tensor<Flex, 4>,
+    v: Tensor<Flex, 4>,
+    grad: Tensor<Flex, 4>,
+) {
     use crate::{FlashBlocks, FlashConfig, MaskSpec, flash_backward, flash_forward};
-    let (q, k, v, grad) = (
-        tensor::<Flex, 4>([2, 4, 100, 16], 20, 1.0),
-        tensor::<Flex, 4>([2, 2, 100, 16], 21, 1.0),
-        tensor::<Flex, 4>([2, 2, 100, 16], 22, 1.0),
-        tensor::<Flex, 4>([2, 4, 100, 16], 23, 1.0),
-    );
     let mask = MaskSpec {
         causal: true,
         query_offset: 0,
@@ -428,6 +507,14 @@ fn native_flash_runs_and_agrees_with_the_portable_kernel() {
         let err = max_rel(&a, &b, 1.0);
         assert!(err < 1e-5, "{what}: differs by {err}");
     };
+    for (what, t) in [("output", &out), ("dq", &dq), ("dk", &dk), ("dv", &dv)] {
+        let merged = from_primitive::<Flex, 4>(t.clone()).swap_dims(1, 2);
+        let layout = merged.into_primitive().tensor();
+        assert!(
+            layout.layout().is_contiguous(),
+            "{what} is not position-major"
+        );
+    }
     close(
         "output",
         floats(from_primitive::<Flex, 4>(out)),
@@ -437,4 +524,119 @@ fn native_flash_runs_and_agrees_with_the_portable_kernel() {
     close("dq", floats(from_primitive::<Flex, 4>(dq)), floats(e_dq));
     close("dk", floats(from_primitive::<Flex, 4>(dk)), floats(e_dk));
     close("dv", floats(from_primitive::<Flex, 4>(dv)), floats(e_dv));
+}
+
+/// RMSNorm in f64, the reference for the kernel and the portable ops.
+fn rms_norm_f64(x: &[f32], w: &[f32], eps: f64) -> Vec<f64> {
+    let dim = w.len();
+    x.chunks_exact(dim)
+        .flat_map(|row| {
+            let ms = row.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / dim as f64;
+            let r = 1.0 / (ms + eps).sqrt();
+            row.iter()
+                .zip(w)
+                .map(move |(&v, &w)| f64::from(v) * r * f64::from(w))
+        })
+        .collect()
+}
+
+// Shapes below and above `PARALLEL_MIN` (the larger one splits its rows, and the weight gradient's sums,
+// across tasks).
+const NORM_SHAPES: [[usize; 3]; 2] = [[3, 7, 100], [2, 64, 576]];
+
+/// The RMSNorm kernel and the portable ops against f64: a mean of <= 576 f32 squares and a few roundings after
+/// it, so 1e-5 relative (floor 1e-3 for outputs near 0).
+#[test]
+fn rms_norm_kernel_matches_f64() {
+    use crate::kernels::portable_rms_norm;
+    for shape in NORM_SHAPES {
+        let x = tensor::<Flex, 3>(shape, 30, 2.0);
+        let w = tensor::<Flex, 1>([shape[2]], 31, 1.5);
+        let expected = rms_norm_f64(&floats(x.clone()), &floats(w.clone()), 1e-5);
+        let expected: Vec<f32> = expected.iter().map(|&v| v as f32).collect();
+        let native = crate::cpu::rms_norm(&primitive(x.clone()), &primitive(w.clone()), 1e-5)
+            .expect("the kernel takes contiguous f32 rows");
+        let portable = portable_rms_norm::<Flex>(primitive(x), primitive(w), 1e-5);
+        for (what, got) in [("native", native), ("portable", portable)] {
+            let err = max_rel(&floats(from_primitive::<Flex, 3>(got)), &expected, 1e-3);
+            assert!(err < 1e-5, "{what} {shape:?}: relative error {err}");
+        }
+    }
+}
+
+/// RMSNorm's gradients through its graph node (the native backward, and the portable backward) against autodiff
+/// through the tensor ops: different formulas for the same derivative in f32, so 1e-4 relative with a floor of
+/// 1e-2 (gradients of unit scale; `dweight` sums up to 128 rows).
+#[test]
+fn rms_norm_gradients_match_autodiff_through_tensor_ops() {
+    use crate::kernels::{portable_rms_norm, portable_rms_norm_backward};
+    for shape in NORM_SHAPES {
+        let grad = tensor::<A, 3>(shape, 34, 1.0);
+        let run = |native: bool| {
+            let x = tensor::<A, 3>(shape, 32, 2.0).require_grad();
+            let w = tensor::<A, 1>([shape[2]], 33, 1.5).require_grad();
+            let y = if native {
+                crate::rms_norm(x.clone(), w.clone(), 1e-5)
+            } else {
+                from_primitive(portable_rms_norm::<A>(
+                    primitive(x.clone()),
+                    primitive(w.clone()),
+                    1e-5,
+                ))
+            };
+            let grads = (y * grad.clone()).sum().backward();
+            [
+                floats(x.grad(&grads).expect("x gradient")),
+                floats(w.grad(&grads).expect("weight gradient")),
+            ]
+        };
+        let (ours, reference) = (run(true), run(false));
+        let (x, w, g) = (
+            primitive(tensor::<Flex, 3>(shape, 32, 2.0)),
+            primitive(tensor::<Flex, 1>([shape[2]], 33, 1.5)),
+            primitive(tensor::<Flex, 3>(shape, 34, 1.0)),
+        );
+        assert!(
+            crate::cpu::rms_norm_backward(&x, &w, 1e-5, &g).is_some(),
+            "the native backward declined contiguous f32 rows"
+        );
+        let (px, pw) = portable_rms_norm_backward::<Flex>(x, w, 1e-5, g);
+        let portable = [
+            floats(from_primitive::<Flex, 3>(px)),
+            floats(from_primitive::<Flex, 1>(pw)),
+        ];
+        for (what, got) in [("native", &ours), ("portable", &portable)] {
+            for (name, (a, b)) in ["d_x", "d_weight"].iter().zip(got.iter().zip(&reference)) {
+                let err = max_rel(a, b, 1e-2);
+                assert!(err < 1e-4, "{what} {name} {shape:?}: relative error {err}");
+            }
+        }
+    }
+}
+
+/// `with_kernel_threads` caps the kernels of the calling thread only, only while its closure runs (also when
+/// it unwinds), and a product computed serially agrees with the split one (same sums per output column; gemm
+/// may block them differently: 1e-5 relative).
+#[test]
+fn kernel_thread_limit_is_scoped_to_the_thread_and_closure() {
+    let pool = crate::kernel_threads();
+    assert_eq!(pool, rayon::current_num_threads());
+    crate::with_kernel_threads(1, || {
+        assert_eq!(crate::kernel_threads(), 1);
+        let elsewhere = std::thread::spawn(crate::kernel_threads)
+            .join()
+            .expect("thread");
+        assert_eq!(elsewhere, pool, "the limit leaked to another thread");
+    });
+    assert_eq!(crate::kernel_threads(), pool);
+    let unwound = std::panic::catch_unwind(|| crate::with_kernel_threads(1, || panic!("inside")));
+    assert!(unwound.is_err());
+    assert_eq!(crate::kernel_threads(), pool, "the limit outlived a panic");
+
+    let x = tensor::<Flex, 2>([64, 576], 40, 1.0);
+    let w = tensor::<Flex, 2>([1000, 576], 41, 0.1);
+    let split = floats(crate::linear(x.clone(), w.clone(), None));
+    let serial = floats(crate::with_kernel_threads(1, || crate::linear(x, w, None)));
+    let err = max_rel(&serial, &split, 1.0);
+    assert!(err < 1e-5, "serial and split products differ by {err}");
 }

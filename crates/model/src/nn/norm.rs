@@ -2,6 +2,7 @@
 
 use burn::module::{Module, Param};
 use burn::tensor::{DType, Tensor, backend::Backend};
+use ember_attention::AttentionBackend;
 
 use crate::spec::NormKind;
 
@@ -19,23 +20,21 @@ pub struct Norm<B: Backend> {
     pub eps: f64,
 }
 
-impl<B: Backend> Norm<B> {
+impl<B: AttentionBackend> Norm<B> {
     /// Normalises `x` `[..., dim]` over its last dimension. Statistics are computed in f32 whatever `x`'s dtype
     /// (a bf16 mean of squares loses the small components), and the result is returned in `x`'s dtype.
+    /// RMSNorm is one backend operation ([`ember_attention::rms_norm`]).
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         let dtype = x.dtype();
         let x = super::in_dtype(x, DType::F32);
-        let normalised = match self.kind {
+        let weight = super::in_dtype(self.weight.val(), DType::F32);
+        let scaled = match self.kind {
             NormKind::LayerNorm => {
                 let (var, mean) = x.clone().var_mean_bias(D - 1);
-                (x - mean) / (var + self.eps).sqrt()
+                (x - mean) / (var + self.eps).sqrt() * weight.unsqueeze()
             }
-            NormKind::RmsNorm => {
-                let rms = (x.clone().square().mean_dim(D - 1) + self.eps).sqrt();
-                x / rms
-            }
+            NormKind::RmsNorm => ember_attention::rms_norm(x, weight, self.eps),
         };
-        let scaled = normalised * super::in_dtype(self.weight.val(), DType::F32).unsqueeze();
         let shifted = match &self.bias {
             Some(bias) => scaled + super::in_dtype(bias.val(), DType::F32).unsqueeze(),
             None => scaled,
