@@ -1,5 +1,6 @@
 //! The `ember` command line: train, run, inspect and benchmark decoder-only language models.
 
+mod allocator;
 mod backend;
 mod cli;
 mod commands;
@@ -12,6 +13,7 @@ use clap::Parser;
 pub use cli::Context;
 
 fn main() -> ExitCode {
+    allocator::configure();
     let cli = cli::Cli::parse();
     let ctx = cli.context();
     if let Some(threads) = cli.threads
