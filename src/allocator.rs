@@ -7,10 +7,13 @@
 //! (docs/BENCHMARKS.md). Buffers below 32 MiB (the largest threshold glibc documents for 64-bit systems) now come
 //! from the heap, and up to 256 MiB of freed heap is kept for reuse; larger buffers are still mapped and unmapped
 //! on their own.
+//!
+//! Only commands that train apply it: memory an inference command frees after loading (the f32 weights a
+//! quantized model replaced) would stay resident (measured: 661 instead of 392 MiB peak for int8 SmolLM2-135M).
 
-/// Applies the settings; called first thing in `main`, before any other thread exists.
+/// Applies the settings; called in `main` before the command starts any thread.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-pub fn configure() {
+pub fn keep_freed_buffers() {
     const MMAP_THRESHOLD: libc::c_int = 32 << 20;
     const TRIM_THRESHOLD: libc::c_int = 256 << 20;
     // SAFETY: `mallopt` only changes allocator parameters; no other thread is allocating yet. A refused setting
@@ -23,4 +26,4 @@ pub fn configure() {
 
 /// Other allocators keep their defaults.
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn configure() {}
+pub fn keep_freed_buffers() {}

@@ -13,8 +13,10 @@ use clap::Parser;
 pub use cli::Context;
 
 fn main() -> ExitCode {
-    allocator::configure();
     let cli = cli::Cli::parse();
+    if cli.command.trains() {
+        allocator::keep_freed_buffers();
+    }
     let ctx = cli.context();
     if let Some(threads) = cli.threads
         && let Err(e) = rayon::ThreadPoolBuilder::new()

@@ -48,6 +48,18 @@ pub enum Command {
 }
 
 /// Runs the chosen subcommand.
+impl Command {
+    /// Whether the command runs training steps (`train`, `bench --suite train`), for which the allocator keeps
+    /// freed buffers ([`crate::allocator`]).
+    pub fn trains(&self) -> bool {
+        match self {
+            Command::Train(_) => true,
+            Command::Bench(args) => matches!(args.suite, Some(bench::Suite::Train)),
+            _ => false,
+        }
+    }
+}
+
 pub fn run(command: Command, ctx: &Context) -> anyhow::Result<()> {
     match command {
         Command::Train(args) => train::run(args, ctx),
