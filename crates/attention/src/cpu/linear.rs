@@ -83,6 +83,9 @@ unsafe fn product(
     accumulate: bool,
 ) {
     assert_eq!(dst.len(), m * n, "product: the output is not [m, n]");
+    if m == 0 || n == 0 {
+        return;
+    }
     let threads = kernel_threads();
     let blocks = if m * n * k < MIN_SPLIT_OPS {
         1

@@ -352,7 +352,13 @@ fn cross_entropy_and_its_gradient_match_float64() {
 #[test]
 fn dense_kernel_matches_burns_matmul() {
     use crate::kernels::portable_linear;
-    for (rows, inputs, out) in [(1, 576, 1000), (3, 576, 1000), (2, 8, 24), (130, 96, 200)] {
+    for (rows, inputs, out) in [
+        (1, 576, 1000),
+        (3, 576, 1000),
+        (2, 8, 24),
+        (130, 96, 200),
+        (0, 8, 24),
+    ] {
         let x = tensor::<Flex, 2>([rows, inputs], 13, 1.0);
         let w = tensor::<Flex, 2>([out, inputs], 14, 0.1);
         let b = tensor::<Flex, 1>([out], 15, 1.0);
