@@ -155,13 +155,40 @@ impl<B: AttentionBackend> Backward<B, 1> for RopeBackward {
     }
 }
 
-/// The backward step of SwiGLU: parents are (gate, up).
-#[derive(Debug)]
-struct SwigluBackward;
+/// A kernel of two inputs whose backward step returns the gradients of both from the two inputs alone.
+#[derive(Debug, Clone, Copy)]
+enum PairKernel {
+    /// [`KernelBackend::swiglu`]: inputs (gate, up).
+    Swiglu,
+    /// [`KernelBackend::dense`] without its bias: inputs (x, weight). Its gradients come back in the inputs' own
+    /// layouts (burn's matmul of the transposed weight returns the weight's gradient transposed).
+    Dense,
+    /// [`KernelBackend::rms_norm`]: inputs (x, weight).
+    RmsNorm { eps: f64 },
+}
 
-impl<B: KernelBackend> Backward<B, 2> for SwigluBackward {
-    /// Checkpointed gate and up.
-    type State = (NodeId, NodeId);
+impl PairKernel {
+    fn backward<B: KernelBackend>(
+        self,
+        a: FloatTensor<B>,
+        b: FloatTensor<B>,
+        grad: FloatTensor<B>,
+    ) -> (FloatTensor<B>, FloatTensor<B>) {
+        match self {
+            PairKernel::Swiglu => B::swiglu_backward(a, b, grad),
+            PairKernel::Dense => B::dense_backward(a, b, grad),
+            PairKernel::RmsNorm { eps } => B::rms_norm_backward(a, b, eps, grad),
+        }
+    }
+}
+
+/// The backward step of a [`PairKernel`]: parents are its two inputs.
+#[derive(Debug)]
+struct PairBackward;
+
+impl<B: KernelBackend> Backward<B, 2> for PairBackward {
+    /// The checkpointed inputs and the kernel.
+    type State = (NodeId, NodeId, PairKernel);
 
     fn backward(
         self,
@@ -169,13 +196,13 @@ impl<B: KernelBackend> Backward<B, 2> for SwigluBackward {
         grads: &mut Gradients,
         checkpointer: &mut Checkpointer,
     ) {
-        let [node_gate, node_up] = ops.parents;
+        let [node_a, node_b] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
-        let (gate_id, up_id) = ops.state;
-        let gate: FloatTensor<B> = checkpointer.retrieve_node_output(gate_id);
-        let up: FloatTensor<B> = checkpointer.retrieve_node_output(up_id);
-        let (d_gate, d_up) = B::swiglu_backward(gate, up, grad);
-        for (node, grad) in [(node_gate, d_gate), (node_up, d_up)] {
+        let (a_id, b_id, kernel) = ops.state;
+        let a: FloatTensor<B> = checkpointer.retrieve_node_output(a_id);
+        let b: FloatTensor<B> = checkpointer.retrieve_node_output(b_id);
+        let (d_a, d_b) = kernel.backward::<B>(a, b, grad);
+        for (node, grad) in [(node_a, d_a), (node_b, d_b)] {
             if let Some(node) = node {
                 grads.register::<B>(node.id, grad);
             }
@@ -183,61 +210,24 @@ impl<B: KernelBackend> Backward<B, 2> for SwigluBackward {
     }
 }
 
-/// The backward step of a linear layer's product `x · Wᵀ`: parents are (x, weight). Its gradients are
-/// written in the parameters' own layouts (burn's matmul of the transposed weight returns the weight's gradient
-/// transposed).
-#[derive(Debug)]
-struct DenseBackward;
-
-impl<B: KernelBackend> Backward<B, 2> for DenseBackward {
-    /// Checkpointed x and weight.
-    type State = (NodeId, NodeId);
-
-    fn backward(
-        self,
-        ops: Ops<Self::State, 2>,
-        grads: &mut Gradients,
-        checkpointer: &mut Checkpointer,
-    ) {
-        let [node_x, node_weight] = ops.parents;
-        let grad = grads.consume::<B>(&ops.node);
-        let (x_id, weight_id) = ops.state;
-        let x: FloatTensor<B> = checkpointer.retrieve_node_output(x_id);
-        let weight: FloatTensor<B> = checkpointer.retrieve_node_output(weight_id);
-        let (d_x, d_weight) = B::dense_backward(x, weight, grad);
-        for (node, grad) in [(node_x, d_x), (node_weight, d_weight)] {
-            if let Some(node) = node {
-                grads.register::<B>(node.id, grad);
-            }
+/// `forward(a, b)` on the inner backend, recorded as one graph node whose backward step is `kernel`'s.
+fn pair_node<B: KernelBackend, C: CheckpointStrategy>(
+    a: FloatTensor<Autodiff<B, C>>,
+    b: FloatTensor<Autodiff<B, C>>,
+    kernel: PairKernel,
+    forward: impl FnOnce(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>,
+) -> FloatTensor<Autodiff<B, C>> {
+    match PairBackward
+        .prepare::<C>([a.node.clone(), b.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(mut prep) => {
+            let a_id = prep.checkpoint(&a);
+            let b_id = prep.checkpoint(&b);
+            prep.finish((a_id, b_id, kernel), forward(a.primitive, b.primitive))
         }
-    }
-}
-
-/// The backward step of RMSNorm: parents are (x, weight).
-#[derive(Debug)]
-struct RmsNormBackward;
-
-impl<B: KernelBackend> Backward<B, 2> for RmsNormBackward {
-    /// Checkpointed x and weight, and epsilon.
-    type State = (NodeId, NodeId, f64);
-
-    fn backward(
-        self,
-        ops: Ops<Self::State, 2>,
-        grads: &mut Gradients,
-        checkpointer: &mut Checkpointer,
-    ) {
-        let [node_x, node_weight] = ops.parents;
-        let grad = grads.consume::<B>(&ops.node);
-        let (x_id, weight_id, eps) = ops.state;
-        let x: FloatTensor<B> = checkpointer.retrieve_node_output(x_id);
-        let weight: FloatTensor<B> = checkpointer.retrieve_node_output(weight_id);
-        let (d_x, d_weight) = B::rms_norm_backward(x, weight, eps, grad);
-        for (node, grad) in [(node_x, d_x), (node_weight, d_weight)] {
-            if let Some(node) = node {
-                grads.register::<B>(node.id, grad);
-            }
-        }
+        OpsKind::UnTracked(prep) => prep.finish(forward(a.primitive, b.primitive)),
     }
 }
 
@@ -272,32 +262,14 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
         weight: FloatTensor<Self>,
         bias: Option<FloatTensor<Self>>,
     ) -> FloatTensor<Self> {
-        match DenseBackward
-            .prepare::<C>([x.node.clone(), weight.node.clone()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(mut prep) => {
-                let x_id = prep.checkpoint(&x);
-                let weight_id = prep.checkpoint(&weight);
-                let product = prep.finish(
-                    (x_id, weight_id),
-                    B::dense(x.primitive, weight.primitive, None),
-                );
-                // The bias joins through the tracked broadcast add, whose backward sums over the rows.
-                match bias {
-                    Some(bias) => {
-                        let row = Shape::new([1, bias.primitive.shape().num_elements()]);
-                        Self::float_add(product, Self::float_reshape(bias, row))
-                    }
-                    None => product,
-                }
+        let product = pair_node::<B, C>(x, weight, PairKernel::Dense, |x, w| B::dense(x, w, None));
+        // The bias joins through the tracked broadcast add, whose backward sums over the rows.
+        match bias {
+            Some(bias) => {
+                let row = Shape::new([1, bias.primitive.shape().num_elements()]);
+                Self::float_add(product, Self::float_reshape(bias, row))
             }
-            OpsKind::UnTracked(prep) => prep.finish(B::dense(
-                x.primitive,
-                weight.primitive,
-                bias.map(|b| b.primitive),
-            )),
+            None => product,
         }
     }
 
@@ -317,35 +289,12 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
     }
 
     fn rms_norm(x: FloatTensor<Self>, weight: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
-        match RmsNormBackward
-            .prepare::<C>([x.node.clone(), weight.node.clone()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(mut prep) => {
-                let x_id = prep.checkpoint(&x);
-                let weight_id = prep.checkpoint(&weight);
-                let out = B::rms_norm(x.primitive, weight.primitive, eps);
-                prep.finish((x_id, weight_id, eps), out)
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::rms_norm(x.primitive, weight.primitive, eps))
-            }
-        }
+        pair_node::<B, C>(x, weight, PairKernel::RmsNorm { eps }, |x, w| {
+            B::rms_norm(x, w, eps)
+        })
     }
 
     fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
-        match SwigluBackward
-            .prepare::<C>([gate.node.clone(), up.node.clone()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(mut prep) => {
-                let gate_id = prep.checkpoint(&gate);
-                let up_id = prep.checkpoint(&up);
-                prep.finish((gate_id, up_id), B::swiglu(gate.primitive, up.primitive))
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::swiglu(gate.primitive, up.primitive)),
-        }
+        pair_node::<B, C>(gate, up, PairKernel::Swiglu, B::swiglu)
     }
 }
