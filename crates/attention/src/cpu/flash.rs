@@ -178,6 +178,32 @@ fn gemm(
     }
 }
 
+/// `out` refilled as a row-major `[m, n]` block holding `alpha * lhs[m x k] · rhs[k x n]` (its allocation is
+/// reused from block to block).
+fn gemm_fresh(
+    (m, n, k): (usize, usize, usize),
+    out: &mut Vec<f32>,
+    lhs: &[f32],
+    lhs_strides: (usize, usize),
+    rhs: &[f32],
+    rhs_strides: (usize, usize),
+    alpha: f32,
+) {
+    out.clear();
+    out.resize(m * n, 0.0);
+    gemm(
+        (m, n, k),
+        out,
+        (n, 1),
+        lhs,
+        lhs_strides,
+        rhs,
+        rhs_strides,
+        alpha,
+        false,
+    );
+}
+
 /// Runs `task(i)` for every `i < count`, on the rayon pool when `parallel`.
 fn run_tasks<F>(parallel: bool, count: usize, task: F)
 where
@@ -350,19 +376,15 @@ pub(crate) fn flash_forward(
                 lse[first..first + rows].fill(f32::MIN);
                 continue;
             }
-            scores.clear();
-            scores.resize(rows * n, 0.0);
             // scores = scale * q[rows] · k[lo..hi]ᵀ
-            gemm(
+            gemm_fresh(
                 (rows, n, d.head_dim),
                 &mut scores,
-                (n, 1),
                 &q[first * q_rs..],
                 (q_rs, 1),
                 &k[lo * k_rs..],
                 (1, k_rs),
                 scale,
-                false,
             );
             // Each row: exp(s - max) over its visible keys (0 elsewhere), its sum and log-sum-exp.
             let mut sums = vec![0f32; rows];
@@ -381,18 +403,14 @@ pub(crate) fn flash_forward(
                 lse[first + r] = max + sum.ln();
             }
             // out[rows] = probabilities · v[lo..hi], then each row divided by its sum.
-            block.clear();
-            block.resize(rows * d.v_dim, 0.0);
-            gemm(
+            gemm_fresh(
                 (rows, d.v_dim, n),
                 &mut block,
-                (d.v_dim, 1),
                 &scores,
                 (n, 1),
                 &v[lo * v_rs..],
                 (v_rs, 1),
                 1.0,
-                false,
             );
             for (row, &sum) in block.chunks_exact_mut(d.v_dim).zip(&sums) {
                 let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
@@ -473,33 +491,25 @@ pub(crate) fn flash_backward(
                     &o[first * o_rs..],
                     &dout[first * do_rs..],
                 );
-                probs.clear();
-                probs.resize(rows * n, 0.0);
-                grad_probs.clear();
-                grad_probs.resize(rows * n, 0.0);
                 // P = exp(scale * q kᵀ - lse) on the visible keys, 0 elsewhere.
-                gemm(
+                gemm_fresh(
                     (rows, n, d.head_dim),
                     &mut probs,
-                    (n, 1),
                     q_blk,
                     (q_rs, 1),
                     &k[lo * k_rs..],
                     (1, k_rs),
                     scale,
-                    false,
                 );
                 // dP = dO vᵀ
-                gemm(
+                gemm_fresh(
                     (rows, n, d.v_dim),
                     &mut grad_probs,
-                    (n, 1),
                     do_blk,
                     (do_rs, 1),
                     &v[lo * v_rs..],
                     (1, v_rs),
                     1.0,
-                    false,
                 );
                 for r in 0..rows {
                     let (a, b) = (span[r].0.max(lo) - lo, span[r].1.max(lo) - lo);
@@ -541,18 +551,14 @@ pub(crate) fn flash_backward(
                     true,
                 );
                 // dQ[rows] = scale * dS k[lo..hi]   (each query row is in exactly one block)
-                dq_blk.clear();
-                dq_blk.resize(rows * d.head_dim, 0.0);
-                gemm(
+                gemm_fresh(
                     (rows, d.head_dim, n),
                     &mut dq_blk,
-                    (d.head_dim, 1),
                     &grad_probs,
                     (n, 1),
                     &k[lo * k_rs..],
                     (k_rs, 1),
                     scale,
-                    false,
                 );
                 // SAFETY: the dq rows of query head `head` belong to this task alone.
                 unsafe { dq_rows.write(head, first, &dq_blk) };

@@ -53,7 +53,8 @@ thread_local! {
 ///
 /// Data-parallel replicas that are threads of one CPU each take their share of the cores this way: handing
 /// every product of every replica to the one shared pool makes them queue behind each other and costs a
-/// hand-off per operation (measured: 15-25% of a training step on two cores, see docs/BENCHMARKS.md).
+/// hand-off per operation (measured on two cores: one kernel thread per replica trains 20-37% more tokens/s,
+/// see docs/BENCHMARKS.md).
 pub fn with_kernel_threads<R>(threads: usize, f: impl FnOnce() -> R) -> R {
     /// Puts the previous limit back even when `f` unwinds.
     struct Restore(Option<usize>);
