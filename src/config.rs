@@ -179,7 +179,8 @@ impl Devices {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodesConfig {
-    /// Machines taking part (each runs `ember train` with the same config except `address`).
+    /// Machines taking part (each runs `ember train` with the same config except `address`, `data_port` and
+    /// `rank`).
     pub count: u32,
     /// The orchestrator every machine registers with, e.g. `ws://10.0.0.1:3000`.
     pub orchestrator: String,
@@ -187,6 +188,9 @@ pub struct NodesConfig {
     pub address: String,
     /// Port of this machine's tensor data service: the port of `address`.
     pub data_port: u16,
+    /// This machine's index, `0..count`: every machine draws the same global batch of `batch_size` rows and trains
+    /// on share `rank` of it.
+    pub rank: u32,
 }
 
 /// Numeric precision of the forward and backward passes.
@@ -463,13 +467,32 @@ impl RunConfig {
                 ),
             ));
         }
-        if let Some(nodes) = &t.nodes
-            && nodes.count == 0
-        {
-            return Err(invalid(
-                "training.nodes.count",
-                "expected a positive number of machines, found 0".into(),
-            ));
+        if let Some(nodes) = &t.nodes {
+            if nodes.count == 0 {
+                return Err(invalid(
+                    "training.nodes.count",
+                    "expected a positive number of machines, found 0".into(),
+                ));
+            }
+            if nodes.rank >= nodes.count {
+                return Err(invalid(
+                    "training.nodes.rank",
+                    format!(
+                        "expected this machine's index below training.nodes.count ({}), found {}",
+                        nodes.count, nodes.rank
+                    ),
+                ));
+            }
+            let shares = replicas * nodes.count as usize;
+            if !t.batch_size.is_multiple_of(shares) {
+                return Err(invalid(
+                    "training.batch_size",
+                    format!(
+                        "{replicas} data-parallel replicas on each of {} machines must divide training.batch_size ({})",
+                        nodes.count, t.batch_size
+                    ),
+                ));
+            }
         }
         for (key, value) in [
             ("training.learning_rate", t.learning_rate),
@@ -640,6 +663,40 @@ mod tests {
             );
         }
         assert!(parse("training:\n  devices: most\n").is_err());
+    }
+
+    #[test]
+    fn nodes_name_this_machine_and_share_the_batch() {
+        let nodes = |rest: &str| {
+            format!(
+                "training:\n  batch_size: 8\n  devices: 2\n  nodes: {{count: 2, orchestrator: \"ws://10.0.0.1:3000\", \
+                 address: \"ws://10.0.0.2:3001\", data_port: 3001{rest}}}\n"
+            )
+        };
+        let config = parse(&nodes(", rank: 1")).unwrap();
+        assert_eq!(
+            config.training.nodes.map(|n| (n.count, n.rank)),
+            Some((2, 1))
+        );
+        // Which share of the batch is this machine's has no safe default.
+        assert!(parse(&nodes("")).is_err());
+        for (yaml, key) in [
+            (nodes(", rank: 2"), "training.nodes.rank"),
+            (
+                nodes(", rank: 0").replace("count: 2", "count: 3"),
+                "training.batch_size",
+            ),
+            (
+                nodes(", rank: 0").replace("count: 2", "count: 0"),
+                "training.nodes.count",
+            ),
+        ] {
+            let err = parse(&yaml).unwrap_err();
+            assert!(
+                matches!(&err, ConfigError::Invalid { key: k, .. } if k == key),
+                "{yaml}: {err}"
+            );
+        }
     }
 
     #[test]

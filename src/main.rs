@@ -5,6 +5,7 @@ mod backend;
 mod cli;
 mod commands;
 mod config;
+mod logging;
 
 use std::process::ExitCode;
 
@@ -18,6 +19,7 @@ fn main() -> ExitCode {
         allocator::keep_freed_buffers();
     }
     let ctx = cli.context();
+    logging::init(cli.command.default_log_level(&ctx));
     if let Some(threads) = cli.threads
         && let Err(e) = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)

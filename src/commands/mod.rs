@@ -58,6 +58,15 @@ impl Command {
             _ => false,
         }
     }
+
+    /// Log records shown unless `RUST_LOG` says otherwise: the orchestrator reports its connections; every other
+    /// command shows warnings only (a training node's libraries log each tensor transfer at `info`).
+    pub fn default_log_level(&self, ctx: &Context) -> &'static str {
+        match self {
+            Command::Orchestrator(_) if !ctx.quiet => "info",
+            _ => "warn",
+        }
+    }
 }
 
 pub fn run(command: Command, ctx: &Context) -> anyhow::Result<()> {

@@ -153,6 +153,7 @@ fn settings(
                 orchestrator: n.orchestrator.clone(),
                 address: n.address.clone(),
                 data_port: n.data_port,
+                rank: n.rank,
             }),
         },
     })
@@ -362,12 +363,6 @@ impl BackendJob for TrainJob {
         let model = Transformer::<Autodiff<B>>::init(&spec, self.config.seed, &device)
             .context("building the model")?
             .with_kernel(kernel);
-        // Each machine of a multi-machine run draws its own windows: with the one seed everywhere every node
-        // would train on the same rows. (The model's seed stays shared: every node starts from the same weights.)
-        let data_seed = match &self.config.training.nodes {
-            Some(nodes) => self.config.seed ^ stable_hash(nodes.address.as_bytes()),
-            None => self.config.seed,
-        };
         let train_set = Arc::new(TokenDataset::open(&self.data_dir, Split::Train)?);
         let val_set = Arc::new(TokenDataset::open(&self.data_dir, Split::Val)?);
         let tokenizer = &self.tokenizer;
@@ -377,7 +372,9 @@ impl BackendJob for TrainJob {
             self.settings.batch_size,
             self.settings.block_size,
             self.config.training.eval_batches,
-            data_seed,
+            // The same seed on every machine of a multi-machine run: each draws the same global batches and
+            // trains on its rank's share of them.
+            self.config.seed,
         )
         .map_err(|e| anyhow::anyhow!("{}: {e}", self.data_dir.display()))?
         .bytes_per_token_of(|ids| tokenizer.decode_bytes(ids).map_or(0, |b| b.len()));

@@ -1,0 +1,18 @@
+//! The binary's log output: records from ember's dependencies (burn-collective's nodes and orchestrator log
+//! through `log` and `tracing`) go to stderr, filtered by `RUST_LOG` or the command's default level.
+//!
+//! burn-communication installs a global subscriber at `info` the first time it starts a server, which would print
+//! a line for every tensor a training node sends; installing ours first (a process has one) keeps that choice
+//! here.
+
+use tracing_subscriber::EnvFilter;
+
+/// Installs the process's subscriber: `RUST_LOG` when set and valid, else `default` (e.g. `"warn"`).
+pub fn init(default: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    // Fails only when a subscriber is already installed, which leaves that one in place.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
