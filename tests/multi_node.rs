@@ -34,7 +34,12 @@ impl Drop for Reaped {
 }
 
 /// The run's config; `node` is `(orchestrator port, this node's port, rank)` for one machine of two.
-fn config(dir: &Path, name: &str, node: Option<(u16, u16, u32)>) -> std::path::PathBuf {
+fn config(
+    dir: &Path,
+    name: &str,
+    max_steps: usize,
+    node: Option<(u16, u16, u32)>,
+) -> std::path::PathBuf {
     let nodes = node.map_or(String::new(), |(orchestrator, port, rank)| {
         format!(
             r#"
@@ -66,7 +71,7 @@ model:
 training:
   batch_size: 4
   learning_rate: 0.01
-  max_steps: 4
+  max_steps: {max_steps}
   warmup_steps: 1
   log_interval: 1
   eval_interval: 4
@@ -156,18 +161,17 @@ fn finish(child: &mut Reaped, limit: Duration) -> Result<(), String> {
     }
 }
 
-#[test]
-fn two_machines_on_loopback_follow_the_single_process_run() {
-    let dir = tempfile::tempdir().unwrap();
+/// Writes the corpus, starts an orchestrator and two machines training `max_steps` in `dir`.
+fn two_machines(dir: &Path, max_steps: usize) -> (Reaped, Vec<(Reaped, std::path::PathBuf)>) {
     let mut text = String::new();
     for i in 0..400 {
         text.push_str(&format!(
             "ROMEO: speak, sweet love, speak {i} times.\nJULIET: not I, my lord; the night is young.\n\n"
         ));
     }
-    std::fs::write(dir.path().join("corpus.txt"), text).unwrap();
+    std::fs::write(dir.join("corpus.txt"), text).unwrap();
     let orchestrator_port = free_port();
-    let _orchestrator = Reaped(
+    let orchestrator = Reaped(
         ember()
             .args(["--quiet", "orchestrator", "--port"])
             .arg(orchestrator_port.to_string())
@@ -176,17 +180,32 @@ fn two_machines_on_loopback_follow_the_single_process_run() {
             .spawn()
             .unwrap(),
     );
-    let mut runs: Vec<_> = (0..2)
+    let runs = (0..2)
         .map(|rank| {
             let name = format!("node{rank}");
             let node = (orchestrator_port, free_port(), rank);
-            train(dir.path(), &name, &config(dir.path(), &name, Some(node)))
+            train(dir, &name, &config(dir, &name, max_steps, Some(node)))
         })
         .collect();
+    (orchestrator, runs)
+}
+
+/// The step a run's `last/` checkpoint was written at.
+fn checkpoint_step(run: &Path) -> u64 {
+    let state = std::fs::read_to_string(run.join("last").join("trainer_state.json")).unwrap();
+    serde_json::from_str::<serde_json::Value>(&state).unwrap()["step"]
+        .as_u64()
+        .unwrap()
+}
+
+#[test]
+fn two_machines_on_loopback_follow_the_single_process_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_orchestrator, mut runs) = two_machines(dir.path(), 4);
     runs.push(train(
         dir.path(),
         "single",
-        &config(dir.path(), "single", None),
+        &config(dir.path(), "single", 4, None),
     ));
     let mut outs = Vec::new();
     for (mut child, out) in runs {
@@ -233,4 +252,40 @@ fn two_machines_on_loopback_follow_the_single_process_run() {
             "`{name}` differs by {max} between two machines and one"
         );
     }
+}
+
+/// Ctrl-C on one machine stops both after the same step, each with its checkpoint: a machine stopping alone would
+/// leave the other waiting forever in its next all-reduce.
+#[test]
+fn interrupting_one_machine_stops_both_at_the_same_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let max_steps = 100_000;
+    let (_orchestrator, mut runs) = two_machines(dir.path(), max_steps);
+    let metrics = runs[0].1.join("metrics.jsonl");
+    let start = Instant::now();
+    while std::fs::read_to_string(&metrics).map_or(0, |m| m.lines().count()) < 3 {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "node0 logged no steps"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = Command::new("kill")
+        .args(["-INT", &runs[0].0.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    for (child, out) in &mut runs {
+        if let Err(e) = finish(child, Duration::from_secs(120)) {
+            panic!("training {} after the interrupt: {e}", out.display());
+        }
+    }
+    let (node0, node1) = (&runs[0].1, &runs[1].1);
+    let step = checkpoint_step(node0);
+    assert!(
+        (3..max_steps as u64).contains(&step),
+        "stopped at step {step}"
+    );
+    assert_eq!(checkpoint_step(node1), step);
+    assert_eq!(weights(node0), weights(node1));
 }

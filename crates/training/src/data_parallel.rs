@@ -28,10 +28,10 @@ use burn_collective::{
     reset_collective,
 };
 
-use crate::TrainError;
 use crate::loss::inputs_and_targets;
 use crate::model_io::LanguageModel;
 use crate::params::Gradients;
+use crate::{StopReason, TrainError};
 
 /// Where the replicas of a data-parallel run live.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -63,6 +63,17 @@ pub struct NodeSettings {
     pub data_port: u16,
     /// This machine's index, `0..count`: which share of every global batch it trains on.
     pub rank: u32,
+}
+
+/// One data-parallel step's result, the same on every replica of every machine.
+pub struct ParallelStep<B: Backend> {
+    /// The whole batch's mean loss.
+    pub loss: f64,
+    /// The gradients of that loss.
+    pub gradients: Gradients<B>,
+    /// A stop some replica requested with this step (a Ctrl-C or time limit on one machine), which every machine
+    /// then acts on: `Interrupted` when any machine was interrupted.
+    pub stop: Option<StopReason>,
 }
 
 /// One step's work for a worker replica.
@@ -184,13 +195,15 @@ where
     ///
     /// `micro_batches` are the global batch's micro-batches of `rows x (block_size + 1)` tokens, the same on every
     /// machine; this machine trains on its rank's share of each, split row-wise into one equal shard per replica
-    /// (the row count must divide evenly). Replica 0's shard runs on this thread.
+    /// (the row count must divide evenly). Replica 0's shard runs on this thread. `stop` is this machine's request
+    /// to stop after this step ([`StopReason::Interrupted`] or [`StopReason::TimeLimit`]), shared with the others.
     pub fn gradients(
         &mut self,
         model: &M,
         micro_batches: &[Vec<u32>],
         block_size: usize,
-    ) -> Result<(f64, Gradients<AB::InnerBackend>), TrainError> {
+        stop: Option<StopReason>,
+    ) -> Result<ParallelStep<AB::InnerBackend>, TrainError> {
         let replicas = self.replicas();
         let (rank, machines) = self.node;
         let shares = replicas * machines;
@@ -240,7 +253,7 @@ where
             })
         }))
         .unwrap_or_else(|panic| Err(panic_message(panic)));
-        let reduced = reduce_step::<AB::InnerBackend>(PeerId::from(0), local, &device);
+        let reduced = reduce_step::<AB::InnerBackend>(PeerId::from(0), local, stop, &device);
         let mut first_error = None;
         for worker in &self.workers {
             match worker.results.recv() {
@@ -314,7 +327,7 @@ fn worker_loop<AB, M>(
             shard_gradients::<AB, M>(&model, &job.shards, job.block_size, job.scale, &device)
         }))
         .unwrap_or_else(|panic| Err(panic_message(panic)));
-        let result = reduce_step::<AB::InnerBackend>(peer, local, &device).map(|_| ());
+        let result = reduce_step::<AB::InnerBackend>(peer, local, None, &device).map(|_| ());
         if results.send(result).is_err() {
             break;
         }
@@ -356,20 +369,30 @@ where
         .ok_or_else(|| "a replica received no rows".to_string())
 }
 
-/// All-reduces one replica's step and returns the step's mean loss and gradients over every replica. Every replica
-/// first all-reduces its failure flag and its scaled loss in one tensor, so that when one replica's forward pass
-/// failed none of them waits forever in the gradient all-reduce; then its gradients, concatenated in parameter-name
-/// order (the same order on every replica). Sums: each replica scaled its loss by its share of the batch.
+/// All-reduces one replica's step and returns the step over every replica. Every replica first all-reduces its
+/// status in one tensor (failure flag, scaled loss, stop requests), so that when one replica's forward pass failed
+/// none of them waits forever in the gradient all-reduce; then its gradients, concatenated in parameter-name order
+/// (the same order on every replica). Sums: each replica scaled its loss by its share of the batch.
 fn reduce_step<B: Backend>(
     peer: PeerId,
     local: Result<(f64, Gradients<B>), String>,
+    stop: Option<StopReason>,
     device: &B::Device,
-) -> Result<(f64, Gradients<B>), String> {
+) -> Result<ParallelStep<B>, String> {
     let (failed, loss) = match &local {
         Ok((loss, _)) => (0.0, *loss as f32),
         Err(_) => (1.0, 0.0),
     };
-    let status = Tensor::<B, 1>::from_floats([failed, loss], device);
+    let requested = |reason| if stop == Some(reason) { 1.0 } else { 0.0 };
+    let status = Tensor::<B, 1>::from_floats(
+        [
+            failed,
+            loss,
+            requested(StopReason::Interrupted),
+            requested(StopReason::TimeLimit),
+        ],
+        device,
+    );
     let status = reduce_tensor(peer, status, ReduceOperation::Sum)
         .map_err(|e| format!("all-reduce: {e}"))?
         .into_data()
@@ -397,7 +420,18 @@ fn reduce_step<B: Backend>(
         reduced.insert(name, sum.clone().slice(start..start + len));
         start += len;
     }
-    Ok((f64::from(status[1]), Gradients::from_tensors(reduced)))
+    let stop = if status[2] > 0.0 {
+        Some(StopReason::Interrupted)
+    } else if status[3] > 0.0 {
+        Some(StopReason::TimeLimit)
+    } else {
+        None
+    };
+    Ok(ParallelStep {
+        loss: f64::from(status[1]),
+        gradients: Gradients::from_tensors(reduced),
+        stop,
+    })
 }
 
 /// burn-collective's all-reduce between machines is a ring: it splits each tensor into one slice per machine and

@@ -25,7 +25,7 @@ pub use adamw::{AdamW, AdamWConfig, DecayPolicy};
 pub use checkpoint::{
     OPTIMIZER_FILE, TRAINER_STATE_FILE, TrainerState, resolve_checkpoint, write_atomically,
 };
-pub use data_parallel::{DataParallel, DataParallelSettings, NodeSettings};
+pub use data_parallel::{DataParallel, DataParallelSettings, NodeSettings, ParallelStep};
 pub use error::TrainError;
 pub use hf_model::HfModelStore;
 pub use interrupt::interrupt_flag;

@@ -179,6 +179,12 @@ where
             state.step
         ));
     }
+    if let Some(nodes) = &settings.data_parallel.nodes {
+        observer.on_message(&format!(
+            "machine {} of {}: registering with the orchestrator at {} (waits for every machine)",
+            nodes.rank, nodes.count, nodes.orchestrator
+        ));
+    }
     let mut parallel = DataParallel::<AB, M>::start(&settings.data_parallel)?;
     if let Some(parallel) = &parallel {
         observer.on_message(&format!(
@@ -212,30 +218,44 @@ where
     let mut best_val_bpb = None;
     let mut last_eval_step = None;
     let mut interval_start = (Instant::now(), state.tokens_seen);
+    // The machines of a multi-machine run must stop at the same step (a machine that stopped alone would leave the
+    // others waiting in their next all-reduce), so there a Ctrl-C or time limit on any machine is a request, sent
+    // with the step's all-reduce, that every machine acts on once the step is done.
+    let across_machines = settings.data_parallel.nodes.is_some();
+    let mut agreed_stop = None;
     let stop_reason = loop {
         if state.step >= settings.max_steps {
             break StopReason::MaxSteps;
         }
-        if stop.load(Ordering::SeqCst) {
-            break StopReason::Interrupted;
-        }
-        if settings
+        let requested = if stop.load(Ordering::SeqCst) {
+            Some(StopReason::Interrupted)
+        } else if settings
             .time_limit
             .is_some_and(|limit| started.elapsed() >= limit)
         {
-            break StopReason::TimeLimit;
+            Some(StopReason::TimeLimit)
+        } else {
+            None
+        };
+        if let Some(reason) = if across_machines {
+            agreed_stop
+        } else {
+            requested
+        } {
+            break reason;
         }
         let lr = settings.schedule.lr(state.step);
-        let (loss, grad_norm, next) = train_step(
+        let (loss, grad_norm, next, agreed) = train_step(
             model,
             data,
             &mut optimizer,
             settings,
             lr,
             &device,
-            parallel.as_mut(),
+            parallel.as_mut().map(|p| (p, requested)),
         )?;
         model = next;
+        agreed_stop = agreed;
         state.step += 1;
         state.tokens_seen += tokens_per_step;
         state.elapsed_s = elapsed_before + started.elapsed().as_secs_f64();
@@ -330,7 +350,8 @@ where
     })
 }
 
-/// Runs `grad_accum_steps` micro-batches, clips, and applies one AdamW update. Returns (mean loss, norm, model).
+/// Runs `grad_accum_steps` micro-batches, clips, and applies one AdamW update. Returns the mean loss, the gradient
+/// norm, the model and, data-parallel, the stop every replica agreed on (from `parallel`'s stop request).
 fn train_step<AB, M>(
     model: M,
     data: &mut dyn TrainData,
@@ -338,24 +359,25 @@ fn train_step<AB, M>(
     settings: &TrainSettings,
     lr: f64,
     device: &AB::Device,
-    parallel: Option<&mut DataParallel<AB, M>>,
-) -> Result<(f64, f64, M), TrainError>
+    parallel: Option<(&mut DataParallel<AB, M>, Option<StopReason>)>,
+) -> Result<(f64, f64, M, Option<StopReason>), TrainError>
 where
     AB: AutodiffBackend,
     M: AutodiffModule<AB> + LanguageModel<AB> + Send + 'static,
 {
     let micro_batches = settings.grad_accum_steps;
-    if let Some(parallel) = parallel {
+    if let Some((parallel, requested)) = parallel {
         let rows = (0..micro_batches)
             .map(|_| {
                 data.next_batch()
                     .map_err(|e| external("reading a training batch".into(), e))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let (loss, mut grads) = parallel.gradients(&model, &rows, settings.block_size)?;
+        let step = parallel.gradients(&model, &rows, settings.block_size, requested)?;
+        let mut grads = step.gradients;
         let norm = grads.clip_global_norm(settings.grad_clip);
         let model = optimizer.step(lr, model, &grads);
-        return Ok((loss, norm, model));
+        return Ok((step.loss, norm, model, step.stop));
     }
     let mut grads: Option<Gradients<AB::InnerBackend>> = None;
     let mut loss_sum = 0.0;
@@ -378,11 +400,11 @@ where
         }
     }
     let Some(mut grads) = grads else {
-        return Ok((0.0, 0.0, model));
+        return Ok((0.0, 0.0, model, None));
     };
     let norm = grads.clip_global_norm(settings.grad_clip);
     let model = optimizer.step(lr, model, &grads);
-    Ok((loss_sum, norm, model))
+    Ok((loss_sum, norm, model, None))
 }
 
 /// Mean loss per token over the fixed validation batches (which may differ in row count), on the inner

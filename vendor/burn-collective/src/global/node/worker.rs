@@ -172,7 +172,8 @@ impl<C: ProtocolClient> GlobalClientWorker<C> {
                 return Some(stream);
             }
 
-            println!("Failed to connect to {address}, retrying... Attempt #{retries}");
+            // ember patch: a library does not print to stdout; a warning, as the orchestrator may be down.
+            log::warn!("Failed to connect to {address}, retrying... Attempt #{retries}");
             tokio::time::sleep(retry_pause).await;
             retries += 1;
         }
