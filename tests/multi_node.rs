@@ -110,22 +110,11 @@ fn train(dir: &Path, name: &str, config: &Path) -> (Reaped, std::path::PathBuf) 
 
 /// The run's final parameters, by name.
 fn weights(run: &Path) -> Vec<(String, Vec<f32>)> {
-    let bytes = std::fs::read(run.join("last").join("model.safetensors")).unwrap();
-    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Vec<_> = file
-        .tensors()
+    let path = run.join("last").join("model.safetensors");
+    ember_training::read_f32_tensors(&path)
+        .unwrap()
         .into_iter()
-        .map(|(name, view)| {
-            let values = view
-                .data()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            (name, values)
-        })
-        .collect();
-    tensors.sort_by(|a, b| a.0.cmp(&b.0));
-    tensors
+        .collect()
 }
 
 /// `field` of every training log line of the run (the lines with a loss).

@@ -39,6 +39,7 @@ pub use params::{Gradients, ParamInfo, load_parameters, parameters, save_paramet
 pub use plot::{draw as draw_loss_plot, plot_run};
 pub use schedule::CosineSchedule;
 pub use shard_data::ShardData;
+pub use tensor_file::read_f32_tensors;
 pub use trainer::{
     Observer, Precision, StepReport, StopReason, TrainSettings, TrainSummary, train,
     validation_loss,

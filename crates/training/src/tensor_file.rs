@@ -51,6 +51,16 @@ pub(crate) fn write(
     })
 }
 
+/// The values of every tensor of an f32 safetensors file (a checkpoint's `model.safetensors` or optimizer state)
+/// by name, row-major; a tensor of another dtype is an error naming it.
+pub fn read_f32_tensors(path: &Path) -> Result<BTreeMap<String, Vec<f32>>, TrainError> {
+    let (arrays, _) = read(path)?;
+    Ok(arrays
+        .into_iter()
+        .map(|(name, array)| (name, array.values))
+        .collect())
+}
+
 /// Arrays by name, and the file's string metadata.
 pub(crate) type Contents = (BTreeMap<String, Array>, HashMap<String, String>);
 
@@ -87,4 +97,46 @@ pub(crate) fn read(path: &Path) -> Result<Contents, TrainError> {
         );
     }
     Ok((arrays, metadata))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f32_tensors_read_back_by_name_and_other_dtypes_are_named_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.safetensors");
+        let arrays = BTreeMap::from([
+            (
+                "b".to_string(),
+                Array {
+                    shape: vec![2, 2],
+                    values: vec![1.0, -2.5, 3.0, 0.125],
+                },
+            ),
+            (
+                "a".to_string(),
+                Array {
+                    shape: vec![1],
+                    values: vec![7.0],
+                },
+            ),
+        ]);
+        write(&path, &arrays, HashMap::new()).unwrap();
+        let read = read_f32_tensors(&path).unwrap();
+        assert_eq!(read.keys().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(read["b"], [1.0, -2.5, 3.0, 0.125]);
+        assert_eq!(read["a"], [7.0]);
+
+        let half = dir.path().join("half.safetensors");
+        let bytes = [0u8; 4];
+        let view = TensorView::new(Dtype::F16, vec![2], &bytes).unwrap();
+        safetensors::serialize_to_file([("w", view)], &None, &half).unwrap();
+        let err = read_f32_tensors(&half).unwrap_err().to_string();
+        assert!(
+            err.contains("half.safetensors") && err.contains('w') && err.contains("F16"),
+            "{err}"
+        );
+    }
 }

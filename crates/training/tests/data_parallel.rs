@@ -7,7 +7,8 @@ use burn::tensor::backend::Device as _;
 use ember_model::Transformer;
 use ember_training::{
     AdamWConfig, CosineSchedule, DataParallelSettings, InMemoryData, PARAMETERS_FILE,
-    ParameterFileStore, Precision, TrainError, TrainSettings, save_parameters, train,
+    ParameterFileStore, Precision, TrainError, TrainSettings, read_f32_tensors, save_parameters,
+    train,
 };
 
 mod common;
@@ -58,24 +59,9 @@ fn settings(run_dir: &std::path::Path, replicas: usize) -> TrainSettings {
 /// Parameter values by name, sorted by name.
 type Parameters = Vec<(String, Vec<f32>)>;
 
-/// Every tensor of a parameters file.
+/// Every tensor of a parameters file, in name order.
 fn read_parameters(path: &std::path::Path) -> Parameters {
-    let bytes = std::fs::read(path).unwrap();
-    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: Parameters = file
-        .tensors()
-        .into_iter()
-        .map(|(name, view)| {
-            let values = view
-                .data()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            (name, values)
-        })
-        .collect();
-    tensors.sort_by(|a, b| a.0.cmp(&b.0));
-    tensors
+    read_f32_tensors(path).unwrap().into_iter().collect()
 }
 
 /// Trains 6 steps and returns the losses, the initial parameters and the final ones.
