@@ -177,3 +177,42 @@ fn wgpu_transformer_forward_matches_cpu_f32_and_quantized() {
     let diff = max_abs_diff(logits(&cpu_q, &ids), logits(&wgpu_q, &ids));
     assert!(diff < 1e-3, "int4 logits: max |cpu - wgpu| = {diff}");
 }
+
+/// Half precision on the GPU path: the flash kernel runs on the inputs' own float type (a kernel instantiated for
+/// the backend's f32 would read f16 buffers as f32) and agrees with the f32 CPU reference. f16 keeps 11
+/// significant bits (relative step 2^-11 ~ 5e-4); the inputs' rounding moves scores (sums of 32 products of
+/// N(0, 1) values, |s| up to ~30) by up to ~1e-2, so outputs (convex combinations of N(0, 1) values) stay within
+/// 5e-2; an f16 buffer read as f32 gives garbage or NaN.
+#[test]
+fn wgpu_flash_attention_runs_in_f16() {
+    use burn::tensor::{DType, FloatDType};
+    use ember_attention::{AttentionKernel, AttentionOptions, attention};
+
+    let device = Default::default();
+    if !<Wgpu as Backend>::supports_dtype(&device, DType::F16) {
+        eprintln!("skipped: this wgpu adapter has no f16 support");
+        return;
+    }
+    let cpu = Default::default();
+    let q = random::<Flex, 4>([1, 4, 21, 32], 8, &cpu);
+    let k = random::<Flex, 4>([1, 2, 21, 32], 9, &cpu);
+    let v = random::<Flex, 4>([1, 2, 21, 32], 10, &cpu);
+    let want = attention(
+        AttentionKernel::Flash,
+        q.clone(),
+        k.clone(),
+        v.clone(),
+        &AttentionOptions::causal(),
+    );
+    let half = |t: &Tensor<Flex, 4>| to_wgpu(t).cast(FloatDType::F16);
+    let got = attention(
+        AttentionKernel::Flash,
+        half(&q),
+        half(&k),
+        half(&v),
+        &AttentionOptions::causal(),
+    );
+    assert_eq!(got.dtype(), DType::F16);
+    let diff = max_abs_diff(want.into_data(), got.cast(FloatDType::F32).into_data());
+    assert!(diff < 5e-2, "max |f32 cpu - f16 wgpu| = {diff}");
+}

@@ -9,7 +9,9 @@
 mod fusion;
 mod kernel;
 
-use burn::tensor::{Bool, Tensor, ops::BoolTensor, ops::FloatTensor};
+use burn::tensor::{
+    Bool, DType, FloatDType, Tensor, TensorMetadata, bf16, f16, ops::BoolTensor, ops::FloatTensor,
+};
 use burn_cubecl::{
     BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement, ops::numeric::empty_device,
     tensor::CubeTensor,
@@ -19,9 +21,26 @@ use cubecl::{CubeDim, calculate_cube_count_elemwise};
 use crate::{AttentionBackend, FlashConfig};
 use kernel::flash_forward_kernel;
 
-/// Runs [`kernel::flash_forward_kernel`]: output `[batch, q_heads, q_len, v_dim]` and log-sum-exp
-/// `[batch, q_heads, q_len]`, as [`crate::flash::flash_forward`] returns them.
-pub(crate) fn flash_forward_cube<R: CubeRuntime, F: FloatElement>(
+/// Runs [`kernel::flash_forward_kernel`] on the inputs' own float type (the backend's default, or bf16/f16 when a
+/// model computes in half precision): output `[batch, q_heads, q_len, v_dim]` and log-sum-exp `[batch, q_heads,
+/// q_len]` of that type, as [`crate::flash::flash_forward`] returns them. `padding` must have the inputs' type.
+pub(crate) fn flash_forward_cube<R: CubeRuntime>(
+    q: CubeTensor<R>,
+    k: CubeTensor<R>,
+    v: CubeTensor<R>,
+    padding: Option<CubeTensor<R>>,
+    config: &FlashConfig,
+) -> (CubeTensor<R>, CubeTensor<R>) {
+    // A kernel instantiated for the backend's default type would read a bf16 buffer as f32.
+    match q.dtype {
+        DType::F16 => flash_forward_typed::<R, f16>(q, k, v, padding, config),
+        DType::BF16 => flash_forward_typed::<R, bf16>(q, k, v, padding, config),
+        DType::F64 => flash_forward_typed::<R, f64>(q, k, v, padding, config),
+        _ => flash_forward_typed::<R, f32>(q, k, v, padding, config),
+    }
+}
+
+fn flash_forward_typed<R: CubeRuntime, F: FloatElement>(
     q: CubeTensor<R>,
     k: CubeTensor<R>,
     v: CubeTensor<R>,
@@ -90,14 +109,16 @@ where
         key_padding: Option<BoolTensor<Self>>,
         config: FlashConfig,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        // The kernel reads the padding mask as floats (1 = padding): one cheap cast instead of a kernel
-        // generic over each backend's boolean storage type.
+        // The kernel reads the padding mask as floats of the inputs' type (1 = padding): one cheap cast instead
+        // of a kernel generic over each backend's boolean storage type.
+        let dtype = FloatDType::from(q.dtype());
         let padding = key_padding.map(|mask| {
             Tensor::<Self, 2, Bool>::from_primitive(mask)
                 .float()
+                .cast(dtype)
                 .into_primitive()
                 .tensor()
         });
-        flash_forward_cube::<R, F>(q, k, v, padding, &config)
+        flash_forward_cube::<R>(q, k, v, padding, &config)
     }
 }
