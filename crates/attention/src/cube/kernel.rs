@@ -86,7 +86,10 @@ pub(crate) fn flash_forward_kernel<F: Float>(
             max = new_max;
         }
     }
-    let denominator = F::max(sum, F::new(f32::MIN_POSITIVE));
+    // A row that sees a key has sum >= 1 (the running maximum's own term is exp(0)); one that sees none has sum 0
+    // and acc 0, and dividing by 1 gives it output 0 in every float type (f32::MIN_POSITIVE, the guard this once
+    // was, is 0 in f16, so such rows came out 0/0 = NaN there).
+    let denominator = F::max(sum, F::new(1.0));
     let out_base = batch * output.stride(0) + head * output.stride(1) + row * output.stride(2);
     for d in 0..v_dim {
         output[out_base + d * output.stride(3)] = acc[d] / denominator;
