@@ -193,16 +193,8 @@ pub struct NodesConfig {
     pub rank: u32,
 }
 
-/// Numeric precision of the forward and backward passes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    /// Everything in f32.
-    #[default]
-    F32,
-    /// bf16 compute with f32 master weights.
-    Bf16,
-}
+/// `training.precision`: `f32`, or `bf16` (bf16 compute with f32 master weights).
+pub use ember_training::Precision;
 
 /// Sampling for the text shown during and after training.
 #[derive(Debug, Clone, PartialEq, Deserialize)]

@@ -6,8 +6,8 @@ use std::process::{Command, Output};
 use burn::backend::Flex;
 use ember_bench::memory::PeakScope;
 use ember_bench::{
-    EMBER_VERSION, Machine, ModelBench, ModelInfo, ModelSettings, Percentiles, Report, ReportBody,
-    SCHEMA_VERSION,
+    EMBER_VERSION, Machine, ModelBench, ModelInfo, ModelSettings, Percentiles, Precision, Report,
+    ReportBody, SCHEMA_VERSION,
 };
 use ember_model::weights::RandomInit;
 use ember_model::{ModelSpec, Transformer};
@@ -289,7 +289,7 @@ fn train_suite_times_steps_of_the_configured_model() {
     std::fs::write(
         &config,
         "tokenizer: {vocab_size: 300}\nmodel: {hidden_size: 32, num_layers: 1, num_heads: 4, num_kv_heads: 2, \
-         intermediate_size: 64, block_size: 32}\ntraining: {batch_size: 2}\n",
+         intermediate_size: 64, block_size: 32}\ntraining: {batch_size: 2, precision: bf16}\n",
     )
     .unwrap();
     let args = [
@@ -311,6 +311,8 @@ fn train_suite_times_steps_of_the_configured_model() {
         (t.settings.batch, t.settings.seq_len, t.settings.steps),
         (2, 32, 3)
     );
+    // The cpu backends only emulate bf16, so the suite measures what `ember train` would run there: f32.
+    assert_eq!(t.settings.precision, Precision::F32);
     let p = t.step_time_ms;
     assert!(0.0 < p.p50 && p.p50 <= p.max);
     // tokens/s is defined at the median step: 2 x 32 tokens per step.

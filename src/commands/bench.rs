@@ -20,7 +20,7 @@ use ember_training::{DataParallelSettings, HfModelStore, InMemoryData};
 use crate::Context;
 use crate::backend::{BackendJob, BackendKind, SystemProbe, run_on, select};
 use crate::commands::precision::QuantizeArgs;
-use crate::commands::train::replica_devices;
+use crate::commands::train::{replica_devices, training_precision};
 use crate::config::RunConfig;
 
 /// Which suite `--suite` runs.
@@ -345,6 +345,7 @@ impl BenchJob {
             steps: args.runs,
             warmup: args.warmup,
             replicas: 1,
+            precision: training_precision::<B>(config.training.precision, self.quiet),
         };
         if settings.seq_len > m.block_size {
             bail!(

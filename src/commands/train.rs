@@ -138,10 +138,7 @@ fn settings(
         eval_interval: t.eval_interval,
         checkpoint_interval: t.checkpoint_interval,
         patience: t.patience,
-        precision: match t.precision {
-            Precision::F32 => ember_training::Precision::F32,
-            Precision::Bf16 => ember_training::Precision::Bf16,
-        },
+        precision: t.precision,
         run_dir,
         resume: args.resume,
         config: config_json,
@@ -316,6 +313,23 @@ pub(crate) fn replica_devices<B: AttentionBackend>(
     (B::Device::from_id(ids[0]), ids)
 }
 
+/// The precision a training run computes in on `B`: the config's `training.precision`, except that bf16 falls
+/// back to f32 (with a note unless `quiet`) on backends that would only emulate it.
+pub(crate) fn training_precision<B: AttentionBackend>(
+    configured: Precision,
+    quiet: bool,
+) -> Precision {
+    if configured == Precision::Bf16 && !computes_bf16::<B>() {
+        if !quiet {
+            eprintln!(
+                "note: training.precision is bf16, which only the cuda backend computes natively; training in f32"
+            );
+        }
+        return Precision::F32;
+    }
+    configured
+}
+
 /// The monomorphised part of `ember train`.
 struct TrainJob {
     config: RunConfig,
@@ -332,14 +346,8 @@ impl BackendJob for TrainJob {
     fn run<B: AttentionBackend>(mut self, device: B::Device) -> anyhow::Result<TrainSummary> {
         let (device, devices) = replica_devices::<B>(&self.config.training, device);
         self.settings.data_parallel.devices = devices;
-        if self.settings.precision == ember_training::Precision::Bf16 && !computes_bf16::<B>() {
-            if !self.quiet {
-                eprintln!(
-                    "note: training.precision is bf16, which only the cuda backend computes natively; training in f32"
-                );
-            }
-            self.settings.precision = ember_training::Precision::F32;
-        }
+        self.settings.precision =
+            training_precision::<B>(self.config.training.precision, self.quiet);
         let m = &self.config.model;
         let mut spec = ModelSpec::llama_style(
             self.tokenizer.vocab_size(),

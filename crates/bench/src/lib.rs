@@ -28,6 +28,8 @@ mod timing;
 
 pub use compare::{ComparedFigure, Comparison, Verdict, compare, judge};
 pub use device_memory::{DeviceMemory, DeviceMemoryProbe, NoDeviceMemory};
+/// The compute precision a training report records (ember-training's).
+pub use ember_training::Precision;
 pub use error::BenchError;
 pub use generation::{GenerationTimings, GenerationWorkload, bench_generation, time_generation};
 pub use lm_workload::{LmWorkload, synthetic_prompt};

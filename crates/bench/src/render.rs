@@ -1,5 +1,7 @@
 //! Human-readable tables for reports and comparisons.
 
+use ember_training::Precision;
+
 use crate::compare::Comparison;
 use crate::report::{FigureKind, Report, ReportBody};
 
@@ -114,7 +116,7 @@ pub fn render_report(report: &Report) -> String {
         ReportBody::Train(t) => {
             let s = &t.settings;
             out.push_str(&format!(
-                "config: {} ({} parameters)\nworkload: batch {} x {} tokens{}, {} steps after {} warm-up\n",
+                "config: {} ({} parameters)\nworkload: batch {} x {} tokens{}, {} steps after {} warm-up, {}\n",
                 s.config,
                 t.parameters,
                 s.batch,
@@ -125,7 +127,11 @@ pub fn render_report(report: &Report) -> String {
                     String::new()
                 },
                 s.steps,
-                s.warmup
+                s.warmup,
+                match s.precision {
+                    Precision::F32 => "f32",
+                    Precision::Bf16 => "bf16 compute, f32 master weights",
+                }
             ));
         }
     }

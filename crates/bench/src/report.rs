@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use ember_training::Precision;
 use serde::{Deserialize, Serialize};
 
 use crate::device_memory::DeviceMemory;
@@ -233,6 +234,9 @@ pub struct TrainSettings {
     /// Data-parallel replicas the batch was split across (reports from before replicas existed read as 1).
     #[serde(default = "one")]
     pub replicas: usize,
+    /// Compute precision of the steps (reports from before precision was recorded read as f32).
+    #[serde(default)]
+    pub precision: Precision,
 }
 
 fn one() -> usize {

@@ -3,7 +3,9 @@
 mod common;
 
 use ember_bench::memory::PeakScope;
-use ember_bench::{Percentiles, Report, ReportBody, TokenizerSuite, TrainSettings, TrainSuite};
+use ember_bench::{
+    Percentiles, Precision, Report, ReportBody, TokenizerSuite, TrainSettings, TrainSuite,
+};
 
 fn round_trip(report: &Report) -> Report {
     let json = report.to_json().unwrap();
@@ -29,6 +31,7 @@ fn every_report_kind_survives_a_json_round_trip() {
             steps: 5,
             warmup: 1,
             replicas: 2,
+            precision: Precision::Bf16,
         },
         parameters: 1_234_567,
         step_time_ms: Percentiles {
@@ -50,6 +53,45 @@ fn every_report_kind_survives_a_json_round_trip() {
     ] {
         assert_eq!(round_trip(&report), report);
     }
+}
+
+/// Train reports record the precision as `"f32"` / `"bf16"`; reports written before they did read as f32.
+#[test]
+fn train_reports_record_their_precision() {
+    let mut report = common::report(ReportBody::Train(TrainSuite {
+        settings: TrainSettings {
+            config: "configs/default.yaml".into(),
+            batch: 4,
+            seq_len: 256,
+            steps: 5,
+            warmup: 1,
+            replicas: 1,
+            precision: Precision::Bf16,
+        },
+        parameters: 1_234_567,
+        step_time_ms: Percentiles {
+            p50: 100.0,
+            p90: 110.0,
+            p95: 111.0,
+            p99: 112.0,
+            max: 113.0,
+        },
+        tokens_per_s: 10240.0,
+        peak_memory_bytes: None,
+        peak_memory_scope: PeakScope::Process,
+    }));
+    let mut json: serde_json::Value = serde_json::from_str(&report.to_json().unwrap()).unwrap();
+    assert_eq!(json["settings"]["precision"], "bf16");
+    json["settings"]
+        .as_object_mut()
+        .unwrap()
+        .remove("precision");
+    let old = Report::from_json(&json.to_string()).unwrap();
+    let ReportBody::Train(train) = &mut report.body else {
+        unreachable!()
+    };
+    train.settings.precision = Precision::F32;
+    assert_eq!(old, report);
 }
 
 #[test]

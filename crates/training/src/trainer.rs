@@ -19,7 +19,8 @@ use crate::schedule::CosineSchedule;
 use crate::{TrainError, plot};
 
 /// Numeric precision of the forward and backward passes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Precision {
     /// Everything in f32.
     #[default]

@@ -9,7 +9,7 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use ember_training::{
     AdamWConfig, CosineSchedule, DataParallelSettings, LanguageModel, ModelStore, Observer,
-    Precision, StepReport, TrainData, TrainSettings, train,
+    StepReport, TrainData, TrainSettings, train,
 };
 
 use crate::memory::{self, PeakScope};
@@ -56,7 +56,7 @@ fn loop_settings(
         eval_interval: never,
         checkpoint_interval: never,
         patience: None,
-        precision: Precision::F32,
+        precision: s.precision,
         data_parallel,
         run_dir: run_dir.to_path_buf(),
         resume: false,
