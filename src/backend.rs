@@ -5,6 +5,7 @@
 //! is compiled in and what initialises on this machine ([`Probe`]), so it is tested with fake probes.
 
 use std::fmt;
+use std::sync::{Arc, Mutex};
 
 use burn::tensor::backend::Backend;
 use ember_attention::AttentionBackend;
@@ -259,20 +260,39 @@ fn smoke<B: Backend>(device: B::Device) -> Result<(), String> {
 
 /// Runs `f`, turning a panic into an error. GPU runtimes report a missing driver or adapter by panicking, so the
 /// probe captures the message instead of letting the default hook print a backtrace hint.
+///
+/// The message is that of the first panic on any thread while `f` runs: CubeCL initialises a device on its own
+/// thread, and the caller then only sees the closed channel (`RecvError`), not why the device failed.
 fn quietly<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    let first_panic = Arc::new(Mutex::new(None::<String>));
     let previous_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
+    let record = Arc::clone(&first_panic);
+    std::panic::set_hook(Box::new(move |info| {
+        let mut first = record
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        first.get_or_insert_with(|| panic_message(info.payload()));
+    }));
     // Unwind safety: nothing the closure touched is used again after a panic; the probe only reports failure.
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
     std::panic::set_hook(previous_hook);
     outcome.map_err(|payload| {
-        let message = payload
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "initialisation panicked".to_string());
+        let first = first_panic
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        let message = first.unwrap_or_else(|| panic_message(payload.as_ref()));
         message.lines().next().unwrap_or_default().to_string()
     })
+}
+
+/// The text of a panic's payload (`panic!` with a message carries a `String` or a `&str`).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "initialisation panicked".to_string())
 }
 
 /// Work that runs on whichever backend was selected, monomorphised once per backend.
@@ -335,6 +355,28 @@ pub fn run_on<J: BackendJob>(kind: BackendKind, job: J) -> J::Output {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// CubeCL starts a device on its own thread; when that fails the caller only sees the channel close. The
+    /// probe's error must give the failing thread's reason (first line), not the caller's `RecvError`.
+    #[test]
+    fn a_probe_reports_why_the_device_thread_failed() {
+        let err = quietly(|| {
+            let (tx, rx) = std::sync::mpsc::channel::<u32>();
+            let device = std::thread::spawn(move || {
+                let _tx = tx;
+                panic!("CUDA driver library not found\nsearched: libcuda.so");
+            });
+            assert!(device.join().is_err());
+            rx.recv().unwrap()
+        })
+        .unwrap_err();
+        assert_eq!(err, "CUDA driver library not found");
+        assert_eq!(quietly(|| 7).unwrap(), 7);
+        assert_eq!(
+            quietly(|| -> u32 { panic!("only this") }).unwrap_err(),
+            "only this"
+        );
+    }
 
     /// A probe with a fixed set of compiled-in backends and per-backend init results.
     struct FakeProbe {

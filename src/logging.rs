@@ -5,6 +5,8 @@
 //! a line for every tensor a training node sends; installing ours first (a process has one) keeps that choice
 //! here.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 /// Installs the process's subscriber: `RUST_LOG` when set and valid, else `default` (e.g. `"warn"`).
@@ -14,5 +16,7 @@ pub fn init(default: &str) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour codes only where a terminal shows them, not in logs or pipes.
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }
