@@ -179,6 +179,20 @@ fn two_machines(dir: &Path, max_steps: usize) -> (Reaped, Vec<(Reaped, std::path
     (orchestrator, runs)
 }
 
+/// Waits until the run in `run` has logged `steps` training steps.
+fn wait_for_steps(run: &Path, steps: usize) {
+    let metrics = run.join("metrics.jsonl");
+    let start = Instant::now();
+    while std::fs::read_to_string(&metrics).map_or(0, |m| m.lines().count()) < steps {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "{} logged no steps",
+            run.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The step a run's `last/` checkpoint was written at.
 fn checkpoint_step(run: &Path) -> u64 {
     let state = std::fs::read_to_string(run.join("last").join("trainer_state.json")).unwrap();
@@ -250,15 +264,7 @@ fn interrupting_one_machine_stops_both_at_the_same_step() {
     let dir = tempfile::tempdir().unwrap();
     let max_steps = 100_000;
     let (_orchestrator, mut runs) = two_machines(dir.path(), max_steps);
-    let metrics = runs[0].1.join("metrics.jsonl");
-    let start = Instant::now();
-    while std::fs::read_to_string(&metrics).map_or(0, |m| m.lines().count()) < 3 {
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "node0 logged no steps"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_steps(&runs[0].1, 3);
     let status = Command::new("kill")
         .args(["-INT", &runs[0].0.0.id().to_string()])
         .status()
@@ -277,4 +283,24 @@ fn interrupting_one_machine_stops_both_at_the_same_step() {
     );
     assert_eq!(checkpoint_step(node1), step);
     assert_eq!(weights(node0), weights(node1));
+}
+
+/// A machine that dies without a word (SIGKILL) makes the other stop at its next all-reduce with an error saying
+/// so. burn-collective 0.21.0 as published panicked on its own threads there (exit 101 and three backtraces):
+/// `vendor/README.md`.
+#[test]
+fn a_machine_that_dies_makes_the_other_stop_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_orchestrator, mut runs) = two_machines(dir.path(), 100_000);
+    wait_for_steps(&runs[0].1, 3);
+    runs[0].0.0.kill().unwrap();
+    let (survivor, _) = &mut runs[1];
+    let err = finish(survivor, Duration::from_secs(60))
+        .expect_err("the surviving machine kept training alone");
+    assert!(err.starts_with("exit status: 1:"), "{err}");
+    assert!(
+        err.contains("lost the connection to another machine of the run"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
 }

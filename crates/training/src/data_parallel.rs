@@ -24,8 +24,8 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::{AutodiffBackend, Backend, Device as _, DeviceId};
 use burn::tensor::{ElementConversion, Tensor, TensorPrimitive};
 use burn_collective::{
-    CollectiveConfig, PeerId, ReduceOperation, all_reduce, finish_collective, register,
-    reset_collective,
+    CollectiveConfig, CollectiveError, GlobalCollectiveError, PeerId, ReduceOperation, all_reduce,
+    finish_collective, register, reset_collective,
 };
 
 use crate::loss::inputs_and_targets;
@@ -452,14 +452,24 @@ fn reduce_tensor<B: Backend>(
     } else {
         tensor
     };
-    let reduced = all_reduce::<B>(peer, padded.into_primitive().tensor(), op)
-        .map_err(|e| format!("{e:?}"))?;
+    let reduced = all_reduce::<B>(peer, padded.into_primitive().tensor(), op).map_err(describe)?;
     let reduced = Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(reduced));
     Ok(if len < MIN_REDUCED_LEN {
         reduced.narrow(0, 0, len)
     } else {
         reduced
     })
+}
+
+/// A failed collective operation in words; a machine that went away is the failure a user can act on.
+fn describe(error: CollectiveError) -> String {
+    match error {
+        CollectiveError::Global(GlobalCollectiveError::PeerLost(node)) => format!(
+            "lost the connection to another machine of the run ({node:?}): did its process stop? This machine \
+             stops too; resume every machine from its last checkpoint with --resume"
+        ),
+        other => format!("{other:?}"),
+    }
 }
 
 fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {

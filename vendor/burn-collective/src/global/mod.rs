@@ -1,5 +1,8 @@
 pub(crate) mod node;
 pub(crate) mod shared;
+// ember patch: `CollectiveError::Global` carries this type, which was not nameable outside the crate, so a caller
+// could not tell a lost peer from any other failure.
+pub use shared::GlobalCollectiveError;
 
 #[cfg(feature = "orchestrator")]
 pub mod orchestrator;

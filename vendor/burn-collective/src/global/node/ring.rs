@@ -79,7 +79,8 @@ where
         .position(|id| *id == node)
         .expect("Node is in ring");
     let prev_node_idx = (send_slice_idx + ring.len() - 1) % ring.len(); // +ring.len for overflow
-    let prev_node = nodes.get(&ring[prev_node_idx]).unwrap();
+    let prev_id = ring[prev_node_idx];
+    let prev_node = nodes.get(&prev_id).unwrap();
     let mut transfer_counter: u64 = 0;
 
     // Phase 1: add
@@ -88,7 +89,7 @@ where
         &mut transfer_counter,
         &mut send_slice_idx,
         true,
-        prev_node.clone(),
+        (prev_id, prev_node.clone()),
         &data_service,
         device,
     )
@@ -100,7 +101,7 @@ where
         &mut transfer_counter,
         &mut send_slice_idx,
         false,
-        prev_node.clone(),
+        (prev_id, prev_node.clone()),
         &data_service,
         device,
     )
@@ -126,7 +127,7 @@ async fn do_cycles<B, P>(
     transfer_counter: &mut u64,
     send_slice_idx: &mut usize,
     is_phase_one: bool,
-    prev_node: Address,
+    (prev_id, prev_node): (NodeId, Address),
     data_service: &Arc<TensorDataService<B, P>>,
     device: &B::Device,
 ) -> Result<(), GlobalCollectiveError>
@@ -155,14 +156,16 @@ where
             tokio::spawn(async move { data_client.download_tensor(next_node, transfer_id).await })
         };
 
-        upload.await.unwrap();
-        let download = download.await.unwrap();
+        // ember patch: a peer that goes away mid-transfer is an error for the caller. Upstream unwrapped here, so
+        // the surviving machines of a training run died with a panic on this runtime's thread (and then one in
+        // the caller, whose operation's channel had closed) instead of getting an error to report.
+        let lost = || GlobalCollectiveError::PeerLost(prev_id);
+        upload.await.map_err(|_| lost())?;
+        let download = download.await.map_err(|_| lost())?.ok_or_else(lost)?;
+        let tensor = B::float_from_data(download, device);
         if is_phase_one {
-            let download = download.expect("Peer closed download connection");
-            let tensor = B::float_from_data(download, device);
             slices[recv_slice_idx] = B::float_add(slices[recv_slice_idx].clone(), tensor);
         } else {
-            let tensor = B::float_from_data(download.unwrap(), device);
             let old_shape = slices[recv_slice_idx].shape();
             if old_shape != tensor.shape() {
                 return Err(GlobalCollectiveError::PeerSentIncoherentTensor);
