@@ -12,18 +12,9 @@ fn round_trip(report: &Report) -> Report {
     Report::from_json(&json).unwrap_or_else(|e| panic!("{e}\n{json}"))
 }
 
-#[test]
-fn every_report_kind_survives_a_json_round_trip() {
-    let tokenizer = common::report(ReportBody::Tokenizer(TokenizerSuite {
-        tokenizer: "tokenizer.json".into(),
-        corpus: "corpus.txt".into(),
-        corpus_bytes: 1_000_000,
-        tokens: 250_000,
-        runs: 3,
-        encode_mb_per_s: 12.5,
-        encode_tokens_per_s: 3.125e6,
-    }));
-    let train = common::report(ReportBody::Train(TrainSuite {
+/// A training-suite report of 2 replicas computing in `precision`.
+fn train_report(precision: Precision) -> Report {
+    common::report(ReportBody::Train(TrainSuite {
         settings: TrainSettings {
             config: "configs/default.yaml".into(),
             batch: 4,
@@ -31,7 +22,7 @@ fn every_report_kind_survives_a_json_round_trip() {
             steps: 5,
             warmup: 1,
             replicas: 2,
-            precision: Precision::Bf16,
+            precision,
         },
         parameters: 1_234_567,
         step_time_ms: Percentiles {
@@ -44,7 +35,21 @@ fn every_report_kind_survives_a_json_round_trip() {
         tokens_per_s: 10240.0,
         peak_memory_bytes: None,
         peak_memory_scope: PeakScope::Process,
+    }))
+}
+
+#[test]
+fn every_report_kind_survives_a_json_round_trip() {
+    let tokenizer = common::report(ReportBody::Tokenizer(TokenizerSuite {
+        tokenizer: "tokenizer.json".into(),
+        corpus: "corpus.txt".into(),
+        corpus_bytes: 1_000_000,
+        tokens: 250_000,
+        runs: 3,
+        encode_mb_per_s: 12.5,
+        encode_tokens_per_s: 3.125e6,
     }));
+    let train = train_report(Precision::Bf16);
     for report in [
         common::model_report(12.5, 50.0, 300 << 20),
         common::kernel_report(&[(128, 0.5), (256, 1.75)]),
@@ -58,28 +63,7 @@ fn every_report_kind_survives_a_json_round_trip() {
 /// Train reports record the precision as `"f32"` / `"bf16"`; reports written before they did read as f32.
 #[test]
 fn train_reports_record_their_precision() {
-    let mut report = common::report(ReportBody::Train(TrainSuite {
-        settings: TrainSettings {
-            config: "configs/default.yaml".into(),
-            batch: 4,
-            seq_len: 256,
-            steps: 5,
-            warmup: 1,
-            replicas: 1,
-            precision: Precision::Bf16,
-        },
-        parameters: 1_234_567,
-        step_time_ms: Percentiles {
-            p50: 100.0,
-            p90: 110.0,
-            p95: 111.0,
-            p99: 112.0,
-            max: 113.0,
-        },
-        tokens_per_s: 10240.0,
-        peak_memory_bytes: None,
-        peak_memory_scope: PeakScope::Process,
-    }));
+    let report = train_report(Precision::Bf16);
     let mut json: serde_json::Value = serde_json::from_str(&report.to_json().unwrap()).unwrap();
     assert_eq!(json["settings"]["precision"], "bf16");
     json["settings"]
@@ -87,11 +71,7 @@ fn train_reports_record_their_precision() {
         .unwrap()
         .remove("precision");
     let old = Report::from_json(&json.to_string()).unwrap();
-    let ReportBody::Train(train) = &mut report.body else {
-        unreachable!()
-    };
-    train.settings.precision = Precision::F32;
-    assert_eq!(old, report);
+    assert_eq!(old, train_report(Precision::F32));
 }
 
 #[test]
