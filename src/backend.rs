@@ -282,8 +282,19 @@ fn quietly<T>(f: impl FnOnce() -> T) -> Result<T, String> {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .take();
         let message = first.unwrap_or_else(|| panic_message(payload.as_ref()));
-        message.lines().next().unwrap_or_default().to_string()
+        shorten(message.lines().next().unwrap_or_default())
     })
+}
+
+/// cudarc's "Unable to dynamically load the \"cuda\" shared library - searched for library names: [...]" lists
+/// some forty names it tried; what is missing, and where it was looked for, is what a user needs.
+fn shorten(reason: &str) -> String {
+    match reason.split_once(" - searched for library names") {
+        Some((missing, _)) => format!(
+            "{missing} (is the NVIDIA driver installed, and its directory on LD_LIBRARY_PATH?)"
+        ),
+        None => reason.to_string(),
+    }
 }
 
 /// The text of a panic's payload (`panic!` with a message carries a `String` or a `&str`).
@@ -372,6 +383,17 @@ mod tests {
         .unwrap_err();
         assert_eq!(err, "CUDA driver library not found");
         assert_eq!(quietly(|| 7).unwrap(), 7);
+        let no_driver = quietly(|| -> u32 {
+            panic!(
+                "Unable to dynamically load the \"cuda\" shared library - searched for library names: \
+                 [\"libcuda.so\", \"libcuda.so.1\"]. Ensure that `LD_LIBRARY_PATH` has the correct path."
+            )
+        });
+        assert_eq!(
+            no_driver.unwrap_err(),
+            "Unable to dynamically load the \"cuda\" shared library (is the NVIDIA driver installed, and its \
+             directory on LD_LIBRARY_PATH?)"
+        );
         assert_eq!(
             quietly(|| -> u32 { panic!("only this") }).unwrap_err(),
             "only this"

@@ -9,9 +9,15 @@ use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
+/// CubeCL logs "Task failed: Any { .. }" when a device thread panics, e.g. while the backend probe tries CUDA on a
+/// machine without an NVIDIA driver. The line carries no reason (the probe reports the panic's own message) and
+/// would otherwise start every `--backend auto` run of a CUDA build on such a machine.
+const QUIET_TARGETS: &str = "cubecl_common::device::handle::channel=error";
+
 /// Installs the process's subscriber: `RUST_LOG` when set and valid, else `default` (e.g. `"warn"`).
 pub fn init(default: &str) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("{default},{QUIET_TARGETS}")));
     // Fails only when a subscriber is already installed, which leaves that one in place.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
