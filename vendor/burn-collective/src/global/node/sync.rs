@@ -8,7 +8,12 @@ use burn_communication::{CommunicationChannel, Message, Protocol, ProtocolClient
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, RwLock};
 
-use crate::{NodeId, node::base::NodeState};
+use crate::{GlobalCollectiveError, NodeId, node::base::NodeState};
+
+/// ember patch: how long a sync waits for the other nodes' requests. They send theirs as soon as their own last
+/// transfer completes, within one transfer of this node, so a node silent this long is gone (a crashed peer that
+/// had finished its transfers would otherwise be waited for forever).
+const PEER_SYNC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Handles the status of sync requests from other nodes
 pub(crate) struct SyncService<P: Protocol> {
@@ -41,7 +46,10 @@ impl<P: Protocol> SyncService<P> {
     }
 
     /// Sync with all peers.
-    pub async fn sync(&self) {
+    ///
+    /// ember patch: a peer that cannot be reached, or that never syncs, is `PeerLost` (upstream panicked on the
+    /// first and waited forever on the second).
+    pub async fn sync(&self) -> Result<(), GlobalCollectiveError> {
         // we can't sync while we register
         let node_state = self.node_state.read().await;
         let node_state = node_state
@@ -57,13 +65,13 @@ impl<P: Protocol> SyncService<P> {
 
             let mut connection = P::Client::connect(addr.clone(), "sync")
                 .await
-                .expect("Couldn't connect to peer for sync");
+                .ok_or(GlobalCollectiveError::PeerLost(*id))?;
             let msg = SyncRequest(node_state.node_id);
             let sync_bytes = rmp_serde::to_vec(&msg).unwrap();
             connection
                 .send(Message::new(sync_bytes.into()))
                 .await
-                .expect("Peer closed connection unexpectedly");
+                .map_err(|_| GlobalCollectiveError::PeerLost(*id))?;
         }
         loop {
             // ember patch: registered before the check, so a request arriving between the check and the wait
@@ -86,11 +94,20 @@ impl<P: Protocol> SyncService<P> {
                             .expect("checked above");
                         syncing_peers.remove(at);
                     }
-                    return;
+                    return Ok(());
                 }
             }
             // Wait for the next sync to come in
-            notified.await
+            if tokio::time::timeout(PEER_SYNC_TIMEOUT, notified).await.is_err() {
+                let syncing_peers = self.syncing_peers.lock().unwrap();
+                let silent = node_state
+                    .nodes
+                    .keys()
+                    .find(|id| !syncing_peers.contains(id))
+                    .copied()
+                    .unwrap_or(node_state.node_id);
+                return Err(GlobalCollectiveError::PeerLost(silent));
+            }
         }
     }
 

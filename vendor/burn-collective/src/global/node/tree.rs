@@ -89,7 +89,7 @@ where
     }
 
     // Final barrier
-    sync_service.sync().await;
+    sync_service.sync().await?;
 
     Ok(result)
 }
