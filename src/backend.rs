@@ -263,7 +263,14 @@ fn smoke<B: Backend>(device: B::Device) -> Result<(), String> {
 ///
 /// The message is that of the first panic on any thread while `f` runs: CubeCL initialises a device on its own
 /// thread, and the caller then only sees the closed channel (`RecvError`), not why the device failed.
+///
+/// The panic hook is process-wide, so probes take turns: two running at once (tests do) would otherwise restore
+/// each other's hooks in the wrong order and one would lose its recorder.
 fn quietly<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    static ONE_PROBE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _turn = ONE_PROBE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let first_panic = Arc::new(Mutex::new(None::<String>));
     let previous_hook = std::panic::take_hook();
     let record = Arc::clone(&first_panic);
@@ -398,6 +405,39 @@ mod tests {
             quietly(|| -> u32 { panic!("only this") }).unwrap_err(),
             "only this"
         );
+    }
+
+    /// Tests (and any caller) may probe from several threads at once. Each probe must still report its own
+    /// device thread's reason: the hook of one must not be replaced or restored away by another's.
+    #[test]
+    fn probes_running_at_once_each_report_their_own_reason() {
+        let probes: Vec<_> = (0..8)
+            .map(|probe| {
+                std::thread::spawn(move || {
+                    (0..25)
+                        .map(|attempt| {
+                            let reason = format!("device {probe} failed on attempt {attempt}");
+                            let expected = reason.clone();
+                            let got = quietly(move || {
+                                let (tx, rx) = std::sync::mpsc::channel::<u32>();
+                                let device = std::thread::spawn(move || {
+                                    let _tx = tx;
+                                    panic!("{reason}");
+                                });
+                                assert!(device.join().is_err());
+                                rx.recv().unwrap()
+                            });
+                            (expected, got)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for probe in probes {
+            for (expected, got) in probe.join().expect("a probe thread panicked") {
+                assert_eq!(got.unwrap_err(), expected);
+            }
+        }
     }
 
     /// A probe with a fixed set of compiled-in backends and per-backend init results.
