@@ -348,6 +348,8 @@ pub fn is_cpu<B: burn::tensor::backend::Backend>() -> bool {
 
 /// Whether `B` computes in bf16 natively, so bf16 mixed-precision training pays off: CUDA. WebGPU shaders have no
 /// bf16, and the CPU backends emulate it through f32 (slower than f32 itself).
+// `B` is only compared against the CUDA backend, which a build without the `cuda` feature does not have.
+#[cfg_attr(not(feature = "cuda"), allow(clippy::extra_unused_type_parameters))]
 pub fn computes_bf16<B: burn::tensor::backend::Backend>() -> bool {
     #[cfg(feature = "cuda")]
     if std::any::TypeId::of::<B>() == std::any::TypeId::of::<burn::backend::Cuda>() {

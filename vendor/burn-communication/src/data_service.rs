@@ -145,7 +145,9 @@ impl<B: Backend, P: Protocol> TensorDataService<B, P> {
     ) -> Option<TensorData> {
         log::info!("Downloading tensor from {remote:?}");
 
-        let stream = self.get_data_stream(remote).await;
+        // ember patch: a peer that cannot be reached, or whose connection broke, is a failed download (`None`),
+        // which the caller reports; upstream panicked on the runtime's thread.
+        let stream = self.get_data_stream(remote.clone()).await?;
         let mut stream = stream.lock().await;
 
         // Send the download request with the download id
@@ -153,10 +155,10 @@ impl<B: Backend, P: Protocol> TensorDataService<B, P> {
             rmp_serde::to_vec(&DataServiceMessage::TensorRequest(transfer_id))
                 .unwrap()
                 .into();
-        stream
-            .send(Message::new(bytes))
-            .await
-            .expect("Failed to send download id");
+        if let Err(err) = stream.send(Message::new(bytes)).await {
+            log::warn!("Failed to request a tensor from {remote:?}: {err:?}");
+            return None;
+        }
 
         if let Ok(msg) = stream.recv().await {
             let Some(msg) = msg else {
@@ -176,25 +178,28 @@ impl<B: Backend, P: Protocol> TensorDataService<B, P> {
     }
 
     /// Get the WebSocket stream for the given address, or create a new one if it doesn't exist.
+    ///
+    /// ember patch: `None` when the address cannot be reached (upstream panicked).
     async fn get_data_stream(
         &self,
         address: Address,
-    ) -> Arc<Mutex<<P::Client as ProtocolClient>::Channel>> {
+    ) -> Option<Arc<Mutex<<P::Client as ProtocolClient>::Channel>>> {
         let mut streams = self.channels.lock().await;
         match streams.get(&address) {
-            Some(stream) => stream.clone(),
+            Some(stream) => Some(stream.clone()),
             None => {
                 // Open a new WebSocket connection to the address
                 let stream = P::Client::connect(address.clone(), "data").await;
 
                 let Some(stream) = stream else {
-                    panic!("Failed to connect to data server at {address:?}");
+                    log::warn!("Failed to connect to data server at {address:?}");
+                    return None;
                 };
 
                 let stream = Arc::new(Mutex::new(stream));
                 streams.insert(address.clone(), stream.clone());
 
-                stream
+                Some(stream)
             }
         }
     }
@@ -248,7 +253,12 @@ impl<B: Backend, P: Protocol> TensorDataService<B, P> {
 
                         let bytes = self.get_exposed_tensor_bytes(transfer_id).await.unwrap();
 
-                        channel.send(Message::new(bytes)).await.unwrap();
+                        // ember patch: the peer that asked may be gone by now (a crashed process); that ends
+                        // this connection, as a broken `recv` does, instead of panicking on the runtime's thread.
+                        if let Err(err) = channel.send(Message::new(bytes)).await {
+                            log::warn!("[Data Service] Connection lost while sending a tensor: {err:?}");
+                            return;
+                        }
                     } else {
                         log::info!("Closed connection");
                         return;

@@ -67,7 +67,8 @@ impl CommunicationChannel for WsClientChannel {
                 Err(err) => Err(WsClientError::Tungstenite(err)),
                 msg => Err(WsClientError::UnknownMessage(format!("{msg:?}"))),
             },
-            None => todo!(),
+            // ember patch: the stream ended (the peer is gone); upstream's `todo!()` panicked.
+            None => Ok(None),
         }
     }
 

@@ -100,7 +100,8 @@ impl CommunicationChannel for WsServerChannel {
                 Err(err) => Err(WsServerError::Axum(err)),
                 msg => Err(WsServerError::UnknownMessage(format!("{msg:?}"))),
             },
-            None => todo!(),
+            // ember patch: the stream ended (the peer is gone); upstream's `todo!()` panicked.
+            None => Ok(None),
         }
     }
 
