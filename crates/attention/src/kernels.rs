@@ -93,6 +93,41 @@ pub trait KernelBackend: Backend {
     ) -> FloatTensor<Self> {
         portable_cross_entropy_backward::<Self>(logits, targets, lse, grad)
     }
+
+    /// `x` `[rows, in]` times a quantized weight `[out, in]` transposed, plus `bias` `[out]`, read straight from
+    /// its packed codes, or `None` where the backend has no such kernel for these inputs: the caller then
+    /// dequantizes the weight with tensor ops. Not differentiable (quantized weights are for inference).
+    ///
+    /// `codes` is `[out, row_bytes]` `u8`, `scales` and `mins` (asymmetric schemes) `[out, groups, 1]`; the
+    /// weight is `(c - zero) * scale` or `c * scale + min` ([`CodeLayout`]). burn-flex runs up to 16 rows (a
+    /// decode step) this way; the default declines.
+    fn quantized_dense(
+        x: FloatTensor<Self>,
+        codes: IntTensor<Self>,
+        scales: FloatTensor<Self>,
+        mins: Option<FloatTensor<Self>>,
+        bias: Option<FloatTensor<Self>>,
+        layout: CodeLayout,
+    ) -> Option<FloatTensor<Self>> {
+        let _ = (x, codes, scales, mins, bias, layout);
+        None
+    }
+}
+
+/// How a quantized weight's codes are packed, for [`KernelBackend::quantized_dense`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CodeLayout {
+    /// Bits per code, 4 or 8. Two 4-bit codes share a byte: column `2i` in byte `i`'s low nibble, `2i + 1` in
+    /// its high nibble.
+    pub bits: usize,
+    /// Input features (columns) of the weight.
+    pub in_features: usize,
+    /// Consecutive columns of a row that share a scale (and minimum). Rows are stored padded to whole groups
+    /// (`in_features.div_ceil(group_len) * group_len * bits / 8` bytes); the padding codes are not weights.
+    pub group_len: usize,
+    /// Symmetric schemes: the code that stands for zero, `w = (c - zero) * scale`. `None` for asymmetric ones,
+    /// `w = c * scale + min`.
+    pub zero_code: Option<f32>,
 }
 
 /// SwiGLU's gate `silu(gate) * up` on tensors, through the backend's [`KernelBackend::swiglu`].
@@ -354,6 +389,17 @@ impl KernelBackend for Flex {
     ) -> FloatTensor<Self> {
         crate::cpu::cross_entropy_backward(&logits, &targets, &lse, &grad)
             .unwrap_or_else(|| portable_cross_entropy_backward::<Self>(logits, targets, lse, grad))
+    }
+
+    fn quantized_dense(
+        x: FloatTensor<Self>,
+        codes: IntTensor<Self>,
+        scales: FloatTensor<Self>,
+        mins: Option<FloatTensor<Self>>,
+        bias: Option<FloatTensor<Self>>,
+        layout: CodeLayout,
+    ) -> Option<FloatTensor<Self>> {
+        crate::cpu::quantized_dense(&x, &codes, &scales, mins.as_ref(), bias.as_ref(), layout)
     }
 }
 

@@ -63,7 +63,7 @@ pub use cpu::{kernel_threads, with_kernel_threads};
 pub use error::AttentionError;
 pub use flash::{FlashBlocks, FlashConfig, flash_backward, flash_forward};
 pub use kernel::{AttentionKernel, attention, check_shapes, flash_attention};
-pub use kernels::{KernelBackend, cross_entropy, linear, rms_norm, swiglu};
+pub use kernels::{CodeLayout, KernelBackend, cross_entropy, linear, rms_norm, swiglu};
 pub use kv_cache::{ContiguousKvCache, KvCache};
 pub use options::{AttentionOptions, MaskSpec};
 pub use rope::{Rope, RopeCache, RopeConfig, RopeLayout, RopeScaling};

@@ -47,39 +47,58 @@ fn device_dequantization_is_bit_identical_to_host() {
     }
 }
 
-/// `forward` (tiled, on-the-fly dequantization) against a float64 matmul with the host-dequantized
-/// weight. Tolerance: an f32 dot product of length n has error at most `n * eps/2 * sum|x_i w_i|`
-/// (the classic gamma_n bound, valid for any summation order the kernel picks), plus one rounding
-/// of the bias addition.
+/// `forward` against a float64 matmul with the host-dequantized weight, on both of its paths: 6 rows
+/// (burn-flex's kernel reading the packed codes, as in a decode step) and 21 (tiles dequantized with
+/// tensor ops, then multiplied). Tolerance: an f32 dot product of length n has error at most
+/// `n * eps/2 * sum|terms|` (the classic gamma_n bound, valid for any summation order), plus one
+/// rounding of the bias addition. The terms are `x_i w_i`, except that the kernel sums an
+/// asymmetric group as `s * sum(c_i x_i) + m * sum(x_i)`, whose terms `c_i s x_i` and `m x_i` can be
+/// larger than their sum.
 #[test]
 fn quantized_matmul_equals_matmul_with_dequantized_weight() {
     let device = Default::default();
     let [rows, cols] = [40, 200];
-    let [batch, seq] = [2, 3];
-    let x = common::activations(batch * seq * cols, 9);
-    for scheme in SCHEMES {
-        for tile_rows in [7, rows] {
-            let (weight, bias, layer) = linear(scheme.parse().unwrap(), [rows, cols], 6);
-            let layer = layer.with_tile_rows(tile_rows);
-            let input =
-                Tensor::<B, 3>::from_data(TensorData::new(x.clone(), [batch, seq, cols]), &device);
-            let y = layer.forward(input);
-            assert_eq!(y.dims(), [batch, seq, rows]);
-            let y = to_vec(y);
-            let w = weight.dequantize();
-            for t in 0..batch * seq {
-                for o in 0..rows {
-                    let terms =
-                        (0..cols).map(|i| f64::from(x[t * cols + i]) * f64::from(w[o * cols + i]));
-                    let exact: f64 = terms.clone().sum::<f64>() + f64::from(bias[o]);
-                    let magnitude: f64 = terms.map(f64::abs).sum();
-                    let eps = f64::from(f32::EPSILON) / 2.0;
-                    let tol = cols as f64 * eps * magnitude + 2.0 * eps * exact.abs();
-                    let got = f64::from(y[t * rows + o]);
-                    assert!(
-                        (got - exact).abs() <= tol,
-                        "{scheme}, tile {tile_rows}, token {t}, channel {o}: {got} vs {exact} (tol {tol})"
-                    );
+    for [batch, seq] in [[2, 3], [3, 7]] {
+        let x = common::activations(batch * seq * cols, 9);
+        for scheme in SCHEMES {
+            for tile_rows in [7, rows] {
+                let (weight, bias, layer) = linear(scheme.parse().unwrap(), [rows, cols], 6);
+                let layer = layer.with_tile_rows(tile_rows);
+                let input = Tensor::<B, 3>::from_data(
+                    TensorData::new(x.clone(), [batch, seq, cols]),
+                    &device,
+                );
+                let y = layer.forward(input);
+                assert_eq!(y.dims(), [batch, seq, rows]);
+                let y = to_vec(y);
+                let w = weight.dequantize();
+                let asymmetric = weight.mins().is_some();
+                for t in 0..batch * seq {
+                    for o in 0..rows {
+                        let terms = (0..cols)
+                            .map(|i| f64::from(x[t * cols + i]) * f64::from(w[o * cols + i]));
+                        let exact: f64 = terms.clone().sum::<f64>() + f64::from(bias[o]);
+                        let magnitude: f64 = (0..cols)
+                            .map(|i| {
+                                let (xi, wi) =
+                                    (f64::from(x[t * cols + i]), f64::from(w[o * cols + i]));
+                                if asymmetric {
+                                    let cs = f64::from(weight.code(o, i))
+                                        * f64::from(weight.scale(o, i));
+                                    (cs * xi).abs() + ((wi - cs) * xi).abs()
+                                } else {
+                                    (wi * xi).abs()
+                                }
+                            })
+                            .sum();
+                        let eps = f64::from(f32::EPSILON) / 2.0;
+                        let tol = cols as f64 * eps * magnitude + 2.0 * eps * exact.abs();
+                        let got = f64::from(y[t * rows + o]);
+                        assert!(
+                            (got - exact).abs() <= tol,
+                            "{scheme}, tile {tile_rows}, token {t}, channel {o}: {got} vs {exact} (tol {tol})"
+                        );
+                    }
                 }
             }
         }

@@ -69,7 +69,7 @@ pub(crate) fn cross_entropy(
     let mut lse = zeroed(Shape::from(vec![rows]));
     let lse_out = &mut lse.storage_mut::<f32>()[..rows];
     let row_lse = |(r, out): (usize, &mut f32)| {
-        *out = vectorized(|| log_sum_exp(&x[r * vocab..(r + 1) * vocab]));
+        *out = vectorized!(log_sum_exp(&x[r * vocab..(r + 1) * vocab]));
     };
     if rows * vocab < PARALLEL_MIN || kernel_threads() == 1 {
         lse_out.iter_mut().enumerate().for_each(row_lse);
@@ -115,7 +115,7 @@ pub(crate) fn cross_entropy_backward(
         &mut out.storage_mut::<f32>()[..rows * vocab],
         vocab,
         |part, start| {
-            vectorized(|| {
+            vectorized!({
                 for (i, o) in part.chunks_exact_mut(vocab).enumerate() {
                     let r = start / vocab + i;
                     let (row, l) = (&x[r * vocab..(r + 1) * vocab], lse[r]);

@@ -396,7 +396,7 @@ pub(crate) fn flash_forward(
                     continue;
                 }
                 let max = row[a..b].iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let sum = vectorized(|| exp_shifted_sum(&mut row[a..b], max));
+                let sum = vectorized!(exp_shifted_sum(&mut row[a..b], max));
                 row[..a].fill(0.0);
                 row[b..].fill(0.0);
                 sums[r] = sum;
@@ -526,7 +526,7 @@ pub(crate) fn flash_backward(
                         .zip(&o_blk[r * o_rs..r * o_rs + d.v_dim])
                         .map(|(x, y)| x * y)
                         .sum();
-                    vectorized(|| {
+                    vectorized!({
                         for (x, g) in p[a..b].iter_mut().zip(&mut dp[a..b]) {
                             *x = exp(*x - l);
                             // dS = P (dP - delta), kept in `grad_probs`.

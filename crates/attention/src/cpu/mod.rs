@@ -10,6 +10,7 @@ mod cross_entropy;
 mod flash;
 mod linear;
 mod norm;
+pub(crate) mod quantized;
 mod rope;
 mod simd;
 mod swiglu;
@@ -18,6 +19,7 @@ pub(crate) use cross_entropy::{cross_entropy, cross_entropy_backward};
 pub(crate) use flash::{flash_backward, flash_forward};
 pub(crate) use linear::{dense, dense_backward};
 pub(crate) use norm::{rms_norm, rms_norm_backward};
+pub(crate) use quantized::quantized_dense;
 pub(crate) use rope::rope_rotate;
 pub(crate) use swiglu::{swiglu, swiglu_backward};
 

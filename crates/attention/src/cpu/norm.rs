@@ -47,7 +47,7 @@ pub(crate) fn rms_norm(x: &FlexTensor, weight: &FlexTensor, eps: f64) -> Option<
         dim,
         |o, start| {
             let xd = &xd[start..start + o.len()];
-            vectorized(|| {
+            vectorized!({
                 for (o, x) in o.chunks_exact_mut(dim).zip(xd.chunks_exact(dim)) {
                     let inv = inv_rms(x, eps);
                     for ((o, &x), &w) in o.iter_mut().zip(x).zip(w) {
@@ -79,7 +79,7 @@ pub(crate) fn rms_norm_backward(
     let rows_of = |dx: &mut [f32], start: usize| -> Vec<f32> {
         let mut dw = vec![0f32; dim];
         let (xd, gd) = (&xd[start..start + dx.len()], &gd[start..start + dx.len()]);
-        vectorized(|| {
+        vectorized!({
             for ((dx, x), g) in dx
                 .chunks_exact_mut(dim)
                 .zip(xd.chunks_exact(dim))

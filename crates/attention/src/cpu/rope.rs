@@ -54,7 +54,7 @@ pub(crate) fn rope_rotate(
         &mut out.storage_mut::<f32>()[..n],
         head_dim,
         |rows, first| {
-            vectorized(|| {
+            vectorized!({
                 for (i, o) in rows.chunks_exact_mut(head_dim).enumerate() {
                     // Output rows are in (batch, position, head) order.
                     let row = first / head_dim + i;

@@ -1,27 +1,50 @@
 //! The scalar math the kernels share, written so that LLVM vectorises it, and the switch that compiles a kernel
 //! loop for AVX2 + FMA when the CPU has them (the default x86-64 target only assumes SSE2).
 
-/// Runs `f` compiled with AVX2 and FMA enabled when the running CPU supports them, else as compiled.
+/// Evaluates an expression compiled with AVX2 and FMA enabled when the running CPU supports them, else as
+/// compiled: `vectorized!(loop_or_call)`.
 ///
-/// `f`'s body, and the `#[inline(always)]` math it calls, is inlined into a function carrying those target
-/// features, so its loops vectorise 8 lanes wide.
+/// The expression, and the `#[inline(always)]` math it calls, is inlined into a function carrying those target
+/// features, so its loops vectorise 8 lanes wide. That inlining is LLVM's choice, and it declined for some
+/// kernels, leaving their loops out of line in SSE2 (RMSNorm's and the quantized product's, found with `nm`: a
+/// five-byte `avx2_fma` that jumps to the closure). Two things make it reliable: the crate is one codegen unit
+/// in release builds (Cargo.toml), so the closure is visible where it is called; and this is a macro rather than
+/// a function taking a closure, so the AVX2 closure has a single call site (the fallback evaluates its own copy
+/// of the expression), which LLVM inlines whatever its size.
+macro_rules! vectorized {
+    ($body:expr) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            if $crate::cpu::simd::has_avx2_fma() {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2_fma<R>(f: impl FnOnce() -> R) -> R {
+                    f()
+                }
+                // SAFETY: the CPU supports both features, checked just above.
+                unsafe { avx2_fma(|| $body) }
+            } else {
+                $body
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            $body
+        }
+    }};
+}
+pub(crate) use vectorized;
+
+/// Whether the running CPU has AVX2 and FMA (`is_x86_feature_detected!` caches the answer).
 #[inline]
-pub(super) fn vectorized<R>(f: impl FnOnce() -> R) -> R {
+pub(crate) fn has_avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the CPU supports both features, checked just above.
-            return unsafe { avx2_fma(f) };
-        }
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
     }
-    f()
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn avx2_fma<R>(f: impl FnOnce() -> R) -> R {
-    f()
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// `e^x` for f32 within 2 ulp on `[-87, 88]` (Cephes' `expf`: `x = n ln 2 + r` with `|r| <= ln 2 / 2`, a
@@ -92,7 +115,7 @@ mod tests {
     fn the_vectorized_path_computes_what_the_scalar_one_does() {
         let xs: Vec<f32> = (0..1000).map(|i| (i as f32 - 500.0) * 0.173).collect();
         let scalar: Vec<f32> = xs.iter().map(|&x| exp(x)).collect();
-        let vector = vectorized(|| xs.iter().map(|&x| exp(x)).collect::<Vec<_>>());
+        let vector = vectorized!(xs.iter().map(|&x| exp(x)).collect::<Vec<_>>());
         assert_eq!(scalar, vector);
     }
 }

@@ -24,7 +24,7 @@ pub(crate) fn swiglu(gate: &FlexTensor, up: FlexTensor) -> Result<FlexTensor, Fl
     let o = &mut out.storage_mut::<f32>()[..n];
     for_each_chunk(o, 1, |o, start| {
         let g = &g[start..start + o.len()];
-        vectorized(|| match u {
+        vectorized!(match u {
             Some(u) => {
                 let u = &u[start..start + o.len()];
                 for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
@@ -63,7 +63,7 @@ pub(crate) fn swiglu_backward(
     for_each_chunk_pair(dg_all, du_all, |dg, du, start| {
         let range = start..start + dg.len();
         let (g, u, dy) = (&g[range.clone()], &u[range.clone()], &dy[range]);
-        vectorized(|| {
+        vectorized!({
             for i in 0..dg.len() {
                 let s = sigmoid(g[i]);
                 du[i] = dy[i] * (g[i] * s);

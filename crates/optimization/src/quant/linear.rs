@@ -2,7 +2,8 @@
 
 use burn::module::Module;
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData};
+use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData, TensorPrimitive};
+use ember_attention::{CodeLayout, KernelBackend};
 
 use crate::error::QuantError;
 use crate::quant::scheme::QuantScheme;
@@ -53,6 +54,16 @@ impl Layout {
 
     fn groups(&self) -> usize {
         self.scheme.groups_per_row(self.shape[1])
+    }
+
+    /// The packing as backend kernels read it (`u8` words: one INT8 or two INT4 codes per byte).
+    fn code_layout(&self) -> CodeLayout {
+        CodeLayout {
+            bits: self.scheme.bits(),
+            in_features: self.shape[1],
+            group_len: self.scheme.group_len(self.shape[1]),
+            zero_code: self.scheme.zero_code().map(f32::from),
+        }
     }
 }
 
@@ -171,19 +182,14 @@ impl<B: Backend> QuantizedLinear<B> {
         words + 4 * (params + self.bias.as_ref().map_or(0, |_| out_features))
     }
 
-    /// Applies the layer to `x: [..., in_features]`, returning `[..., out_features]`.
-    ///
-    /// Output channels are processed in tiles of `tile_rows`: each tile's codes are unpacked and
-    /// dequantized, multiplied, and dropped before the next. Unpacking a word yields one code field
+    /// The tensor-op forward: output channels are processed in tiles of `tile_rows`, each tile's codes are
+    /// unpacked and dequantized, multiplied, and dropped before the next. Unpacking a word yields one code field
     /// at a time (field `k` of word `w` is input column `w * codes_per_word + k`), so instead of
     /// interleaving the fields back into column order (an element-by-element copy that cost 20x the
     /// matmul on CPU), `x` is split into the matching column sets once and the tile's product is the
     /// sum of one matmul per field.
-    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let dims = x.dims();
-        let [out_features, in_features] = self.layout.shape;
-        let rows = dims[..D - 1].iter().product::<usize>();
-        let x = x.reshape([rows, in_features]);
+    fn forward_tiled(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let [out_features, _] = self.layout.shape;
         let x_fields = self.split_columns(x);
         let tiles = (0..out_features)
             .step_by(self.layout.tile_rows)
@@ -206,9 +212,7 @@ impl<B: Backend> QuantizedLinear<B> {
         if let Some(bias) = &self.bias {
             y = y + bias.clone().unsqueeze_dim(0);
         }
-        let mut out_dims = dims;
-        out_dims[D - 1] = out_features;
-        y.reshape(out_dims)
+        y
     }
 
     /// `x: [rows, in_features]` split into the column sets of the code fields: entry `k` is
@@ -347,6 +351,39 @@ impl<B: Backend> QuantizedLinear<B> {
                 values.reshape([rows, groups * per_group])
             })
             .collect()
+    }
+}
+
+impl<B: KernelBackend> QuantizedLinear<B> {
+    /// Applies the layer to `x: [..., in_features]`, returning `[..., out_features]`.
+    ///
+    /// The backend's [`KernelBackend::quantized_dense`] runs it from the packed codes where it can (burn-flex:
+    /// up to 16 rows, i.e. decode steps, with `u8` words); otherwise tiles of `tile_rows` output channels are
+    /// dequantized with tensor ops and multiplied one at a time, so the f32 weight never exists whole.
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let dims = x.dims();
+        let [out_features, in_features] = self.layout.shape;
+        let rows = dims[..D - 1].iter().product::<usize>();
+        let x = x.reshape([rows, in_features]);
+        let native = (self.layout.word_bits == 8)
+            .then(|| {
+                B::quantized_dense(
+                    x.clone().into_primitive().tensor(),
+                    self.words.clone().into_primitive(),
+                    self.scales.clone().into_primitive().tensor(),
+                    self.mins.clone().map(|m| m.into_primitive().tensor()),
+                    self.bias.clone().map(|b| b.into_primitive().tensor()),
+                    self.layout.code_layout(),
+                )
+            })
+            .flatten();
+        let y = match native {
+            Some(y) => Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(y)),
+            None => self.forward_tiled(x),
+        };
+        let mut out_dims = dims;
+        out_dims[D - 1] = out_features;
+        y.reshape(out_dims)
     }
 }
 

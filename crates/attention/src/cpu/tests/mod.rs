@@ -57,3 +57,4 @@ fn max_rel(a: &[f32], b: &[f32], floor: f32) -> f32 {
 
 mod elementwise;
 mod products;
+mod quantized;

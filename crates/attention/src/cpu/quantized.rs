@@ -1,0 +1,322 @@
+//! A linear layer whose weight is stored as packed INT8/INT4 codes, for the few rows of a decode step.
+//!
+//! Decoding is memory-bound: each step reads every weight once to multiply it with one row. The portable path
+//! unpacks a tile of codes into an f32 tensor, writes it out and multiplies it, so it moves more bytes than the
+//! f32 weight itself (a quantized model decoded 2.5-4x slower than f32 on CPU). Here each thread streams its
+//! share of the output channels' codes straight from the packed bytes into vectorised multiply-adds, reading one
+//! byte (INT8) or half a byte (INT4) per weight.
+
+use burn::backend::flex::FlexTensor;
+use burn::tensor::{DType, Shape};
+use rayon::prelude::*;
+
+use super::simd::vectorized;
+use super::{f32_slice, kernel_threads, zeroed};
+use crate::kernels::CodeLayout;
+
+/// Rows above this go to the portable path: a prompt's many rows make the product compute-bound, where
+/// dequantizing a tile once and handing it to gemm wins over re-reading the codes per row.
+pub(crate) const MAX_ROWS: usize = 16;
+
+/// Output channels per parallel task: a few hundred KiB of codes at typical widths, enough to amortise the
+/// hand-off, small enough to balance the threads.
+const CHANNELS_PER_TASK: usize = 64;
+
+/// `x` `[rows, in]` times the quantized weight `[out, in]` transposed, plus `bias` `[out]`, as `[rows, out]`.
+///
+/// `codes` is `[out, row_bytes]` `u8` (INT4: column `2i` in byte `i`'s low nibble, `2i + 1` in its high one);
+/// `scales` and `mins` are `[out, groups, 1]` f32. `None` for anything else (more than [`MAX_ROWS`] rows, `i32`
+/// words, non-contiguous tensors), which the caller computes with tensor ops.
+pub(crate) fn quantized_dense(
+    x: &FlexTensor,
+    codes: &FlexTensor,
+    scales: &FlexTensor,
+    mins: Option<&FlexTensor>,
+    bias: Option<&FlexTensor>,
+    layout: CodeLayout,
+) -> Option<FlexTensor> {
+    let (xs, cs) = (x.layout().shape(), codes.layout().shape());
+    if xs.num_dims() != 2 || cs.num_dims() != 2 || codes.dtype() != DType::U8 {
+        return None;
+    }
+    let (rows, inputs, out, row_bytes) = (xs[0], xs[1], cs[0], cs[1]);
+    let per_byte = match layout.bits {
+        8 => 1,
+        4 => 2,
+        _ => return None,
+    };
+    let group_len = layout.group_len;
+    // Groups must start on a byte (INT4 groups are a multiple of 8 elements), and rows hold whole groups.
+    if rows == 0
+        || rows > MAX_ROWS
+        || inputs != layout.in_features
+        || group_len == 0
+        || !group_len.is_multiple_of(per_byte)
+    {
+        return None;
+    }
+    let groups = inputs.div_ceil(group_len);
+    if row_bytes != groups * group_len / per_byte {
+        return None;
+    }
+    let codes = codes.as_slice::<u8>()?;
+    let scales = f32_slice(scales)?;
+    let mins = match mins {
+        Some(m) => Some(f32_slice(m)?),
+        None => None,
+    };
+    if scales.len() != out * groups || mins.is_some_and(|m| m.len() != out * groups) {
+        return None;
+    }
+    let bias = match bias {
+        Some(b) if b.layout().shape().num_elements() != out => return None,
+        Some(b) => Some(f32_slice(b)?),
+        None => None,
+    };
+    let x = f32_slice(x)?;
+    let plan = Plan {
+        rows,
+        row_bytes,
+        groups,
+        group_bytes: group_len / per_byte,
+        zero: if mins.is_some() {
+            0.0
+        } else {
+            layout.zero_code?
+        },
+    };
+    let inputs = Inputs::new(x, rows, inputs, row_bytes, per_byte, group_len);
+
+    // Channel-major scratch `[out, rows]`, so each task writes one contiguous range.
+    let mut by_channel = vec![0f32; out * rows];
+    let weights = Weights {
+        codes,
+        scales,
+        mins,
+    };
+    let task = |(chunk, dst): (usize, &mut [f32])| {
+        let first = chunk * CHANNELS_PER_TASK;
+        if per_byte == 1 {
+            vectorized!(plan.channels::<1>(&inputs, &weights, first, dst))
+        } else {
+            vectorized!(plan.channels::<2>(&inputs, &weights, first, dst))
+        }
+    };
+    let chunks = by_channel.chunks_mut(CHANNELS_PER_TASK * rows).enumerate();
+    if kernel_threads() == 1 || out <= CHANNELS_PER_TASK {
+        chunks.for_each(task);
+    } else {
+        by_channel
+            .par_chunks_mut(CHANNELS_PER_TASK * rows)
+            .enumerate()
+            .for_each(task);
+    }
+
+    let mut result = zeroed(Shape::from(vec![rows, out]));
+    let dst = &mut result.storage_mut::<f32>()[..rows * out];
+    for (o, values) in by_channel.chunks_exact(rows).enumerate() {
+        for (r, &v) in values.iter().enumerate() {
+            dst[r * out + o] = v + bias.map_or(0.0, |b| b[o]);
+        }
+    }
+    Some(result)
+}
+
+/// The input rows in the form the inner loops read, zero-padded to whole groups (so the padding codes multiply
+/// zeros): for INT4 split into even and odd columns (the low and high nibbles' partners), and each row's sum
+/// over every group (the asymmetric minimums multiply it).
+struct Inputs {
+    /// INT8: `[rows, row_bytes]`; INT4: the even columns `[rows, row_bytes]`.
+    first: Vec<f32>,
+    /// INT4: the odd columns `[rows, row_bytes]`; INT8: empty.
+    second: Vec<f32>,
+    /// `[rows, groups]`.
+    group_sums: Vec<f32>,
+}
+
+impl Inputs {
+    fn new(
+        x: &[f32],
+        rows: usize,
+        inputs: usize,
+        row_bytes: usize,
+        per_byte: usize,
+        group_len: usize,
+    ) -> Self {
+        let group_sums = x
+            .chunks_exact(inputs)
+            .flat_map(|row| row.chunks(group_len).map(|g| g.iter().sum::<f32>()))
+            .collect::<Vec<_>>();
+        let mut first = vec![0f32; rows * row_bytes];
+        if per_byte == 1 {
+            for (dst, row) in first
+                .chunks_exact_mut(row_bytes)
+                .zip(x.chunks_exact(inputs))
+            {
+                dst[..inputs].copy_from_slice(row);
+            }
+            return Self {
+                first,
+                second: Vec::new(),
+                group_sums,
+            };
+        }
+        let mut second = vec![0f32; rows * row_bytes];
+        for (r, row) in x.chunks_exact(inputs).enumerate() {
+            for (i, pair) in row.chunks(2).enumerate() {
+                first[r * row_bytes + i] = pair[0];
+                if let Some(&odd) = pair.get(1) {
+                    second[r * row_bytes + i] = odd;
+                }
+            }
+        }
+        Self {
+            first,
+            second,
+            group_sums,
+        }
+    }
+}
+
+/// Every output channel's codes `[out, row_bytes]`, scales and (asymmetric) minimums `[out, groups]`.
+struct Weights<'a> {
+    codes: &'a [u8],
+    scales: &'a [f32],
+    mins: Option<&'a [f32]>,
+}
+
+/// Sizes shared by every channel of one product.
+struct Plan {
+    rows: usize,
+    row_bytes: usize,
+    groups: usize,
+    group_bytes: usize,
+    /// The code that stands for zero (symmetric); 0 when asymmetric, where `w = c s + m`.
+    zero: f32,
+}
+
+impl Plan {
+    /// Writes the outputs of channels `first..` for every row into `dst` `[channels, rows]`; `PER_BYTE` codes
+    /// share a byte.
+    #[inline(always)]
+    fn channels<const PER_BYTE: usize>(
+        &self,
+        inputs: &Inputs,
+        weights: &Weights<'_>,
+        first: usize,
+        dst: &mut [f32],
+    ) {
+        let (row_bytes, groups) = (self.row_bytes, self.groups);
+        for (i, dst) in dst.chunks_exact_mut(self.rows).enumerate() {
+            let o = first + i;
+            let codes = &weights.codes[o * row_bytes..(o + 1) * row_bytes];
+            let scales = &weights.scales[o * groups..(o + 1) * groups];
+            let mins = weights.mins.map(|m| &m[o * groups..(o + 1) * groups]);
+            self.channel::<PER_BYTE>(inputs, codes, scales, mins, dst);
+        }
+    }
+
+    /// Writes one channel's output for every row into `dst` `[rows]`.
+    #[inline(always)]
+    fn channel<const PER_BYTE: usize>(
+        &self,
+        inputs: &Inputs,
+        codes: &[u8],
+        scales: &[f32],
+        mins: Option<&[f32]>,
+        dst: &mut [f32],
+    ) {
+        for (r, dst) in dst.iter_mut().enumerate() {
+            let base = r * self.row_bytes;
+            // Scaled group sums stay in lanes until the end of the row: one horizontal sum per row, not per
+            // group (a group of 32 INT4 codes is a single pass of the lanes).
+            let mut lanes = [0f32; LANES];
+            let mut rest = 0f32;
+            for g in 0..self.groups {
+                let start = g * self.group_bytes;
+                let end = start + self.group_bytes;
+                let group = &codes[start..end];
+                let scale = scales[g];
+                rest += if PER_BYTE == 1 {
+                    add_int8(
+                        &mut lanes,
+                        group,
+                        &inputs.first[base + start..base + end],
+                        self.zero,
+                        scale,
+                    )
+                } else {
+                    add_int4(
+                        &mut lanes,
+                        group,
+                        &inputs.first[base + start..base + end],
+                        &inputs.second[base + start..base + end],
+                        self.zero,
+                        scale,
+                    )
+                };
+                if let Some(mins) = mins {
+                    rest += mins[g] * inputs.group_sums[r * self.groups + g];
+                }
+            }
+            *dst = lanes.iter().sum::<f32>() + rest;
+        }
+    }
+}
+
+/// Lanes of the partial sums: two AVX2 registers of f32, so consecutive multiply-adds are independent.
+const LANES: usize = 16;
+
+/// Adds `scale * (c_i - zero) * x_i` over one group of INT8 codes to `lanes`, returning the scaled sum of the
+/// codes past the last whole pass of the lanes.
+#[inline(always)]
+fn add_int8(lanes: &mut [f32; LANES], codes: &[u8], x: &[f32], zero: f32, scale: f32) -> f32 {
+    let mut acc = [0f32; LANES];
+    let (codes_n, x_n) = (codes.chunks_exact(LANES), x.chunks_exact(LANES));
+    let tail = codes_n.remainder().iter().zip(x_n.remainder());
+    for (c, x) in codes_n.zip(x_n) {
+        for l in 0..LANES {
+            acc[l] += (f32::from(c[l]) - zero) * x[l];
+        }
+    }
+    for l in 0..LANES {
+        lanes[l] += acc[l] * scale;
+    }
+    tail.map(|(&c, &x)| (f32::from(c) - zero) * x).sum::<f32>() * scale
+}
+
+/// Adds `scale * ((lo_i - zero) * even_i + (hi_i - zero) * odd_i)` over one group of INT4 code pairs to
+/// `lanes`, returning the scaled sum of the pairs past the last whole pass of the lanes.
+#[inline(always)]
+fn add_int4(
+    lanes: &mut [f32; LANES],
+    codes: &[u8],
+    even: &[f32],
+    odd: &[f32],
+    zero: f32,
+    scale: f32,
+) -> f32 {
+    let mut acc = [0f32; LANES];
+    let whole = codes.len() / LANES * LANES;
+    for ((c, e), o) in codes[..whole]
+        .chunks_exact(LANES)
+        .zip(even[..whole].chunks_exact(LANES))
+        .zip(odd[..whole].chunks_exact(LANES))
+    {
+        for l in 0..LANES {
+            let lo = f32::from(c[l] & 0x0f) - zero;
+            let hi = f32::from(c[l] >> 4) - zero;
+            acc[l] += lo * e[l] + hi * o[l];
+        }
+    }
+    for l in 0..LANES {
+        lanes[l] += acc[l] * scale;
+    }
+    let mut tail = 0f32;
+    for i in whole..codes.len() {
+        let lo = f32::from(codes[i] & 0x0f) - zero;
+        let hi = f32::from(codes[i] >> 4) - zero;
+        tail += lo * even[i] + hi * odd[i];
+    }
+    tail * scale
+}
