@@ -99,8 +99,9 @@ pub trait KernelBackend: Backend {
     /// dequantizes the weight with tensor ops. Not differentiable (quantized weights are for inference).
     ///
     /// `codes` is `[out, row_bytes]` `u8`, `scales` and `mins` (asymmetric schemes) `[out, groups, 1]`; the
-    /// weight is `(c - zero) * scale` or `c * scale + min` ([`CodeLayout`]). burn-flex runs up to 16 rows (a
-    /// decode step) this way; the default declines.
+    /// weight is `(c - zero) * scale` or `c * scale + min` ([`CodeLayout`]). burn-flex streams up to 16 rows (a
+    /// decode step) from the codes and multiplies more with gemm, a dequantized tile at a time; the default
+    /// declines.
     fn quantized_dense(
         x: FloatTensor<Self>,
         codes: IntTensor<Self>,

@@ -1,5 +1,5 @@
-//! Decode-shaped linear layers (one token, SmolLM2-135M widths): dense f32 matmul against
-//! `QuantizedLinear` for each scheme, on the reference CPU backend.
+//! Decode-shaped linear layers (one token, SmolLM2-135M widths) and prefill-shaped ones (a 128-token
+//! prompt): dense f32 matmul against `QuantizedLinear` for each scheme, on the reference CPU backend.
 //!
 //! Run: `cargo bench -p ember-optimization --bench quantized_linear`
 
@@ -22,10 +22,21 @@ const SHAPES: [(&str, [usize; 2]); 3] = [
     ("lm_head_49152x576", [49152, 576]),
 ];
 
+/// Rows of a prefill-shaped input: a 128-token prompt.
+const PREFILL_ROWS: usize = 128;
+
 fn bench(c: &mut Criterion) {
     let device = Default::default();
-    for (name, [out_features, in_features]) in SHAPES {
-        let mut group = c.benchmark_group(format!("decode_linear/{name}"));
+    let cases = SHAPES
+        .iter()
+        .map(|&(name, shape)| ("decode_linear", name, shape, 1))
+        .chain(
+            SHAPES[..2]
+                .iter()
+                .map(|&(name, shape)| ("prefill_linear", name, shape, PREFILL_ROWS)),
+        );
+    for (kind, name, [out_features, in_features], rows) in cases {
+        let mut group = c.benchmark_group(format!("{kind}/{name}"));
         group
             .sample_size(10)
             .warm_up_time(Duration::from_secs(1))
@@ -35,7 +46,7 @@ fn bench(c: &mut Criterion) {
             Distribution::Normal(0.0, 0.02),
             &device,
         );
-        let x = Tensor::<B, 2>::random([1, in_features], Distribution::Default, &device);
+        let x = Tensor::<B, 2>::random([rows, in_features], Distribution::Default, &device);
         let dense = weight.clone().transpose();
         group.bench_function("f32", |b| {
             b.iter(|| x.clone().matmul(dense.clone()).into_data())

@@ -47,9 +47,9 @@ fn device_dequantization_is_bit_identical_to_host() {
     }
 }
 
-/// `forward` against a float64 matmul with the host-dequantized weight, on both of its paths: 6 rows
-/// (burn-flex's kernel reading the packed codes, as in a decode step) and 21 (tiles dequantized with
-/// tensor ops, then multiplied). Tolerance: an f32 dot product of length n has error at most
+/// `forward` against a float64 matmul with the host-dequantized weight, on both of burn-flex's paths:
+/// 6 rows (streamed from the packed codes, as in a decode step) and 21 (tiles dequantized, then
+/// multiplied with gemm). Tolerance: an f32 dot product of length n has error at most
 /// `n * eps/2 * sum|terms|` (the classic gamma_n bound, valid for any summation order), plus one
 /// rounding of the bias addition. The terms are `x_i w_i`, except that the kernel sums an
 /// asymmetric group as `s * sum(c_i x_i) + m * sum(x_i)`, whose terms `c_i s x_i` and `m x_i` can be

@@ -23,7 +23,7 @@ const COLUMN_ALIGN: usize = 16;
 
 /// A read-only f32 matrix: element `(i, j)` at `ptr + i * row_stride + j * col_stride`.
 #[derive(Clone, Copy)]
-struct Operand {
+pub(super) struct Operand {
     ptr: *const f32,
     row_stride: isize,
     col_stride: isize,
@@ -42,7 +42,7 @@ unsafe impl Sync for OutPtr {}
 
 impl Operand {
     /// A row-major `[rows, cols]` slice.
-    fn row_major(data: &[f32], cols: usize) -> Self {
+    pub(super) fn row_major(data: &[f32], cols: usize) -> Self {
         Self {
             ptr: data.as_ptr(),
             row_stride: cols as isize,
@@ -51,7 +51,7 @@ impl Operand {
     }
 
     /// The transpose of this matrix (a view: strides swapped).
-    fn transposed(self) -> Self {
+    pub(super) fn transposed(self) -> Self {
         Self {
             ptr: self.ptr,
             row_stride: self.col_stride,
@@ -75,7 +75,7 @@ impl OutPtr {
 ///
 /// # Safety
 /// `lhs` and `rhs` must address valid `[m, k]` and `[k, n]` matrices that no one writes during the call.
-unsafe fn product(
+pub(super) unsafe fn product(
     (m, n, k): (usize, usize, usize),
     lhs: Operand,
     rhs: Operand,

@@ -1,22 +1,28 @@
-//! A linear layer whose weight is stored as packed INT8/INT4 codes, for the few rows of a decode step.
+//! A linear layer whose weight is stored as packed INT8/INT4 codes.
 //!
 //! Decoding is memory-bound: each step reads every weight once to multiply it with one row. The portable path
 //! unpacks a tile of codes into an f32 tensor, writes it out and multiplies it, so it moves more bytes than the
-//! f32 weight itself (a quantized model decoded 2.5-4x slower than f32 on CPU). Here each thread streams its
-//! share of the output channels' codes straight from the packed bytes into vectorised multiply-adds, reading one
-//! byte (INT8) or half a byte (INT4) per weight.
+//! f32 weight itself (a quantized model decoded 2.5-4x slower than f32 on CPU). Here, for up to [`MAX_ROWS`]
+//! rows, each thread streams its share of the output channels' codes straight from the packed bytes into
+//! vectorised multiply-adds, reading one byte (INT8) or half a byte (INT4) per weight. More rows (a prompt) are
+//! compute-bound: tiles of output channels are dequantized in one vectorised pass each and multiplied with gemm,
+//! as a dense layer is.
 
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Shape};
 use rayon::prelude::*;
 
+use super::linear::{Operand, product};
 use super::simd::vectorized;
 use super::{f32_slice, kernel_threads, zeroed};
 use crate::kernels::CodeLayout;
 
-/// Rows above this go to the portable path: a prompt's many rows make the product compute-bound, where
-/// dequantizing a tile once and handing it to gemm wins over re-reading the codes per row.
+/// Rows above this are multiplied tile by tile with gemm: a prompt's many rows make the product compute-bound,
+/// where dequantizing a tile once wins over re-reading the codes per row.
 pub(crate) const MAX_ROWS: usize = 16;
+
+/// f32 elements of one dequantized tile on the many-row path (4 MiB): the f32 weight never exists whole.
+const TILE_ELEMENTS: usize = 1 << 20;
 
 /// Output channels per parallel task: a few hundred KiB of codes at typical widths, enough to amortise the
 /// hand-off, small enough to balance the threads.
@@ -25,8 +31,8 @@ const CHANNELS_PER_TASK: usize = 64;
 /// `x` `[rows, in]` times the quantized weight `[out, in]` transposed, plus `bias` `[out]`, as `[rows, out]`.
 ///
 /// `codes` is `[out, row_bytes]` `u8` (INT4: column `2i` in byte `i`'s low nibble, `2i + 1` in its high one);
-/// `scales` and `mins` are `[out, groups, 1]` f32. `None` for anything else (more than [`MAX_ROWS`] rows, `i32`
-/// words, non-contiguous tensors), which the caller computes with tensor ops.
+/// `scales` and `mins` are `[out, groups, 1]` f32. `None` for anything else (`i32` words, non-contiguous
+/// tensors), which the caller computes with tensor ops.
 pub(crate) fn quantized_dense(
     x: &FlexTensor,
     codes: &FlexTensor,
@@ -48,7 +54,6 @@ pub(crate) fn quantized_dense(
     let group_len = layout.group_len;
     // Groups must start on a byte (INT4 groups are a multiple of 8 elements), and rows hold whole groups.
     if rows == 0
-        || rows > MAX_ROWS
         || inputs != layout.in_features
         || group_len == 0
         || !group_len.is_multiple_of(per_byte)
@@ -74,6 +79,11 @@ pub(crate) fn quantized_dense(
         None => None,
     };
     let x = f32_slice(x)?;
+    let weights = Weights {
+        codes,
+        scales,
+        mins,
+    };
     let plan = Plan {
         rows,
         row_bytes,
@@ -85,15 +95,21 @@ pub(crate) fn quantized_dense(
             layout.zero_code?
         },
     };
+    if rows > MAX_ROWS {
+        let packing = (per_byte, group_len);
+        return Some(many_rows(
+            x,
+            [rows, inputs, out],
+            &weights,
+            &plan,
+            packing,
+            bias,
+        ));
+    }
     let inputs = Inputs::new(x, rows, inputs, row_bytes, per_byte, group_len);
 
     // Channel-major scratch `[out, rows]`, so each task writes one contiguous range.
     let mut by_channel = vec![0f32; out * rows];
-    let weights = Weights {
-        codes,
-        scales,
-        mins,
-    };
     let task = |(chunk, dst): (usize, &mut [f32])| {
         let first = chunk * CHANNELS_PER_TASK;
         if per_byte == 1 {
@@ -120,6 +136,71 @@ pub(crate) fn quantized_dense(
         }
     }
     Some(result)
+}
+
+/// `x` `[rows, inputs]` times the quantized weight, for many rows: tiles of output channels are dequantized
+/// (split across threads by channel) into one reused f32 buffer and multiplied with gemm.
+fn many_rows(
+    x: &[f32],
+    [rows, inputs, out]: [usize; 3],
+    weights: &Weights<'_>,
+    plan: &Plan,
+    (per_byte, group_len): (usize, usize),
+    bias: Option<&[f32]>,
+) -> FlexTensor {
+    let tile = (TILE_ELEMENTS / inputs).clamp(1, out);
+    let mut weight = vec![0f32; tile * inputs];
+    let mut part = vec![0f32; rows * tile];
+    let mut result = zeroed(Shape::from(vec![rows, out]));
+    let dst = &mut result.storage_mut::<f32>()[..rows * out];
+    for first in (0..out).step_by(tile) {
+        let n = tile.min(out - first);
+        let weight = &mut weight[..n * inputs];
+        let dequantize = |(i, row): (usize, &mut [f32])| {
+            let o = first + i;
+            let codes = &weights.codes[o * plan.row_bytes..(o + 1) * plan.row_bytes];
+            let scales = &weights.scales[o * plan.groups..(o + 1) * plan.groups];
+            let mins = weights
+                .mins
+                .map(|m| &m[o * plan.groups..(o + 1) * plan.groups]);
+            if per_byte == 1 {
+                vectorized!(plan.dequantize::<1>(codes, scales, mins, group_len, row))
+            } else {
+                vectorized!(plan.dequantize::<2>(codes, scales, mins, group_len, row))
+            }
+        };
+        if kernel_threads() == 1 || n <= CHANNELS_PER_TASK {
+            weight.chunks_mut(inputs).enumerate().for_each(dequantize);
+        } else {
+            weight
+                .par_chunks_mut(inputs)
+                .with_min_len(CHANNELS_PER_TASK)
+                .enumerate()
+                .for_each(dequantize);
+        }
+        let part = &mut part[..rows * n];
+        // SAFETY: `x` is `[rows, inputs]` and `weight` `[n, inputs]`, both row-major and only read during the
+        // product; the weight read as `[inputs, n]` is its transpose.
+        unsafe {
+            product(
+                (rows, n, inputs),
+                Operand::row_major(x, inputs),
+                Operand::row_major(weight, inputs).transposed(),
+                part,
+                false,
+            );
+        }
+        for (dst, part) in dst.chunks_exact_mut(out).zip(part.chunks_exact(n)) {
+            let dst = &mut dst[first..first + n];
+            dst.copy_from_slice(part);
+            if let Some(bias) = bias {
+                dst.iter_mut()
+                    .zip(&bias[first..first + n])
+                    .for_each(|(y, b)| *y += b);
+            }
+        }
+    }
+    result
 }
 
 /// The input rows in the form the inner loops read, zero-padded to whole groups (so the padding codes multiply
@@ -196,6 +277,39 @@ struct Plan {
 }
 
 impl Plan {
+    /// Dequantizes one channel's codes into `dst` `[in_features]` with the f32 operations of the portable path
+    /// (`(c - zero) * scale`, or `c * scale + min`), so the values are bit-identical to it.
+    #[inline(always)]
+    fn dequantize<const PER_BYTE: usize>(
+        &self,
+        codes: &[u8],
+        scales: &[f32],
+        mins: Option<&[f32]>,
+        group_len: usize,
+        dst: &mut [f32],
+    ) {
+        for (g, dst) in dst.chunks_mut(group_len).enumerate() {
+            let group = &codes[g * self.group_bytes..(g + 1) * self.group_bytes];
+            let scale = scales[g];
+            let value = |c: u8| match mins {
+                Some(mins) => f32::from(c) * scale + mins[g],
+                None => (f32::from(c) - self.zero) * scale,
+            };
+            if PER_BYTE == 1 {
+                for (w, &c) in dst.iter_mut().zip(group) {
+                    *w = value(c);
+                }
+            } else {
+                for (pair, &c) in dst.chunks_mut(2).zip(group) {
+                    pair[0] = value(c & 0x0f);
+                    if let Some(w) = pair.get_mut(1) {
+                        *w = value(c >> 4);
+                    }
+                }
+            }
+        }
+    }
+
     /// Writes the outputs of channels `first..` for every row into `dst` `[channels, rows]`; `PER_BYTE` codes
     /// share a byte.
     #[inline(always)]

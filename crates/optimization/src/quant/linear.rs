@@ -357,9 +357,9 @@ impl<B: Backend> QuantizedLinear<B> {
 impl<B: KernelBackend> QuantizedLinear<B> {
     /// Applies the layer to `x: [..., in_features]`, returning `[..., out_features]`.
     ///
-    /// The backend's [`KernelBackend::quantized_dense`] runs it from the packed codes where it can (burn-flex:
-    /// up to 16 rows, i.e. decode steps, with `u8` words); otherwise tiles of `tile_rows` output channels are
-    /// dequantized with tensor ops and multiplied one at a time, so the f32 weight never exists whole.
+    /// The backend's [`KernelBackend::quantized_dense`] runs it from the packed codes where it can (burn-flex,
+    /// with `u8` words); otherwise tiles of `tile_rows` output channels are dequantized with tensor ops and
+    /// multiplied one at a time, so the f32 weight never exists whole.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         let dims = x.dims();
         let [out_features, in_features] = self.layout.shape;
