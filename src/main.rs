@@ -1,5 +1,9 @@
 //! The `ember` command line: train, run, inspect and benchmark decoder-only language models.
 
+// The doc comments of the command-line types are clap's help text, written for a terminal: `[default: none,
+// required]` and `<name>` are what `--help` prints, not rustdoc links or HTML.
+#![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
+
 mod allocator;
 mod backend;
 mod cli;

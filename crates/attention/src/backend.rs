@@ -12,7 +12,7 @@ use crate::rope::RopeConfig;
 
 /// A burn backend that can run ember's flash attention.
 ///
-/// Every method has a portable default written in tensor ops ([`crate::flash`]); a backend overrides them
+/// Every method has a portable default written in tensor ops (`src/flash.rs`); a backend overrides them
 /// with a native kernel, and `Autodiff<B>` overrides [`flash_attention`](Self::flash_attention) to record a
 /// single backward step that calls [`flash_attention_backward`](Self::flash_attention_backward), so autodiff
 /// never stores the per-tile intermediates and training memory stays O(T).
@@ -169,7 +169,7 @@ fn float<B: Backend, const D: usize>(primitive: FloatTensor<B>) -> Tensor<B, D> 
     Tensor::from_primitive(TensorPrimitive::Float(primitive))
 }
 
-/// burn-flex runs flash attention natively ([`crate::cpu`]) unless a key-padding mask is given (left-padded
+/// burn-flex runs flash attention natively (`src/cpu/`) unless a key-padding mask is given (left-padded
 /// batches), and RoPE in one pass.
 impl AttentionBackend for burn::backend::Flex {
     fn flash_attention_forward(

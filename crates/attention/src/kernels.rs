@@ -13,7 +13,7 @@ use burn::tensor::{
 ///
 /// The defaults are burn tensor ops (what `linear`, `activation::silu(gate) * up` and `log_softmax` + `gather`
 /// record);
-/// burn-flex runs each direction as one vectorised, multi-threaded pass ([`crate::cpu`]), and `Autodiff<B>`
+/// burn-flex runs each direction as one vectorised, multi-threaded pass (`src/cpu/`), and `Autodiff<B>`
 /// records one graph node per call whose backward step is the `*_backward` method, so training keeps only the
 /// inputs (and, for the loss, one log-sum-exp per row) instead of every intermediate.
 pub trait KernelBackend: Backend {

@@ -183,7 +183,7 @@ const MAX_SIGNATURE_LINE_CHARS: usize = 40;
 
 /// Removes the signature: everything from a `-- ` delimiter line (RFC 3676) on; "Sent from my ..." lines; and a
 /// closing sign-off ("Best regards,", "Thanks,", "Cheers", ...) on a line of its own when at most
-/// [`MAX_SIGNATURE_LINES`] short lines follow it to the end of the message. A sign-off inside a sentence
+/// four short lines follow it to the end of the message. A sign-off inside a sentence
 /// ("Thanks, that fixed it") or followed by more text is kept.
 pub fn strip_signature(text: &str) -> String {
     let mut lines: Vec<&str> = Vec::new();

@@ -4,8 +4,8 @@ use std::fmt;
 
 /// A ggml tensor type as numbered in a GGUF tensor info (ggml's `enum ggml_type`).
 ///
-/// Quantized types store a tensor's innermost dimension in blocks of [`GgmlType::block_len`] elements packed into
-/// [`GgmlType::block_bytes`] bytes.
+/// Quantized types store a tensor's innermost dimension in blocks of elements packed into a fixed number of bytes
+/// ([`GgmlType::block_geometry`]).
 // The variants carry ggml's own type names (`Q4_K`), which every GGUF tool and error message uses.
 #[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

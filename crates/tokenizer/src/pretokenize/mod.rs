@@ -1,5 +1,5 @@
 //! Pre-tokenization: splitting normalized text into the "words" BPE runs on. The patterns of GPT-2, cl100k /
-//! LLaMA-3 and Qwen2 run as hand-written state machines ([`machines`]); any other pattern a `tokenizer.json`
+//! LLaMA-3 and Qwen2 run as hand-written state machines (`machines.rs`); any other pattern a `tokenizer.json`
 //! declares runs through `fancy-regex`.
 
 mod class;
