@@ -376,21 +376,28 @@ pub fn run_on<J: BackendJob>(kind: BackendKind, job: J) -> J::Output {
 mod tests {
     use super::*;
 
-    /// CubeCL starts a device on its own thread; when that fails the caller only sees the channel close. The
-    /// probe's error must give the failing thread's reason (first line), not the caller's `RecvError`.
-    #[test]
-    fn a_probe_reports_why_the_device_thread_failed() {
-        let err = quietly(|| {
+    /// A probe shaped like CubeCL's device start: the device thread panics with `reason`, and the caller's wait on
+    /// its channel fails.
+    fn probe_whose_device_thread_panics(reason: &str) -> Result<u32, String> {
+        let reason = reason.to_string();
+        quietly(move || {
             let (tx, rx) = std::sync::mpsc::channel::<u32>();
             let device = std::thread::spawn(move || {
                 let _tx = tx;
-                panic!("CUDA driver library not found\nsearched: libcuda.so");
+                panic!("{reason}");
             });
             assert!(device.join().is_err());
             rx.recv().unwrap()
         })
-        .unwrap_err();
-        assert_eq!(err, "CUDA driver library not found");
+    }
+
+    /// CubeCL starts a device on its own thread; when that fails the caller only sees the channel close. The
+    /// probe's error must give the failing thread's reason (first line), not the caller's `RecvError`.
+    #[test]
+    fn a_probe_reports_why_the_device_thread_failed() {
+        let err =
+            probe_whose_device_thread_panics("CUDA driver library not found\nsearched: libcuda.so");
+        assert_eq!(err.unwrap_err(), "CUDA driver library not found");
         assert_eq!(quietly(|| 7).unwrap(), 7);
         let no_driver = quietly(|| -> u32 {
             panic!(
@@ -419,17 +426,8 @@ mod tests {
                     (0..25)
                         .map(|attempt| {
                             let reason = format!("device {probe} failed on attempt {attempt}");
-                            let expected = reason.clone();
-                            let got = quietly(move || {
-                                let (tx, rx) = std::sync::mpsc::channel::<u32>();
-                                let device = std::thread::spawn(move || {
-                                    let _tx = tx;
-                                    panic!("{reason}");
-                                });
-                                assert!(device.join().is_err());
-                                rx.recv().unwrap()
-                            });
-                            (expected, got)
+                            let got = probe_whose_device_thread_panics(&reason);
+                            (reason, got)
                         })
                         .collect::<Vec<_>>()
                 })

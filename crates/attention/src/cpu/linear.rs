@@ -75,17 +75,38 @@ impl OutPtr {
 ///
 /// # Safety
 /// `lhs` and `rhs` must address valid `[m, k]` and `[k, n]` matrices that no one writes during the call.
-pub(super) unsafe fn product(
-    (m, n, k): (usize, usize, usize),
+unsafe fn product(
+    dims: (usize, usize, usize),
     lhs: Operand,
     rhs: Operand,
     dst: &mut [f32],
     accumulate: bool,
 ) {
+    let (m, n, _) = dims;
     assert_eq!(dst.len(), m * n, "product: the output is not [m, n]");
+    // SAFETY: the caller's guarantee, and `dst` is exactly `[m, n]`.
+    unsafe { product_strided(dims, lhs, rhs, dst, n, accumulate) }
+}
+
+/// [`product`] into `m` rows of `n` values that start `dst_stride` apart in `dst` (columns of a wider output).
+///
+/// # Safety
+/// As for [`product`].
+pub(super) unsafe fn product_strided(
+    (m, n, k): (usize, usize, usize),
+    lhs: Operand,
+    rhs: Operand,
+    dst: &mut [f32],
+    dst_stride: usize,
+    accumulate: bool,
+) {
     if m == 0 || n == 0 {
         return;
     }
+    assert!(
+        dst_stride >= n && dst.len() >= (m - 1) * dst_stride + n,
+        "product: the output does not hold [m, n] at this row stride"
+    );
     let threads = kernel_threads();
     let blocks = if m * n * k < MIN_SPLIT_OPS {
         1
@@ -98,7 +119,8 @@ pub(super) unsafe fn product(
         let first = b * block;
         let cols = block.min(n - first);
         // SAFETY: the caller vouches for `lhs` and `rhs`; columns `first..first + cols` of `rhs` and of the
-        // `m * n` output (row stride `n`) are in bounds, and no other block writes these output columns.
+        // output (`m` rows `dst_stride` apart, checked above) are in bounds, and no other block writes these
+        // output columns.
         unsafe {
             gemm::gemm(
                 m,
@@ -106,7 +128,7 @@ pub(super) unsafe fn product(
                 k,
                 out.get().add(first),
                 1,
-                n as isize,
+                dst_stride as isize,
                 accumulate,
                 lhs.get(),
                 lhs.col_stride,

@@ -8,11 +8,13 @@
 //! compute-bound: tiles of output channels are dequantized in one vectorised pass each and multiplied with gemm,
 //! as a dense layer is.
 
+use std::cell::Cell;
+
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Shape};
 use rayon::prelude::*;
 
-use super::linear::{Operand, product};
+use super::linear::{Operand, product_strided};
 use super::simd::vectorized;
 use super::{f32_slice, kernel_threads, zeroed};
 use crate::kernels::CodeLayout;
@@ -86,8 +88,10 @@ pub(crate) fn quantized_dense(
     };
     let plan = Plan {
         rows,
+        inputs,
         row_bytes,
         groups,
+        group_len,
         group_bytes: group_len / per_byte,
         zero: if mins.is_some() {
             0.0
@@ -96,17 +100,9 @@ pub(crate) fn quantized_dense(
         },
     };
     if rows > MAX_ROWS {
-        let packing = (per_byte, group_len);
-        return Some(many_rows(
-            x,
-            [rows, inputs, out],
-            &weights,
-            &plan,
-            packing,
-            bias,
-        ));
+        return Some(many_rows(x, out, per_byte, &weights, &plan, bias));
     }
-    let inputs = Inputs::new(x, rows, inputs, row_bytes, per_byte, group_len);
+    let inputs = Inputs::new(x, per_byte, mins.is_some(), &plan);
 
     // Channel-major scratch `[out, rows]`, so each task writes one contiguous range.
     let mut by_channel = vec![0f32; out * rows];
@@ -138,35 +134,48 @@ pub(crate) fn quantized_dense(
     Some(result)
 }
 
+thread_local! {
+    /// The many-row path's dequantized tile, kept between calls: a prompt runs every projection of every layer
+    /// through it, and a fresh zero-filled buffer each time wrote about 14 MB per SmolLM2 layer for nothing.
+    static TILE: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
 /// `x` `[rows, inputs]` times the quantized weight, for many rows: tiles of output channels are dequantized
-/// (split across threads by channel) into one reused f32 buffer and multiplied with gemm.
+/// (split across threads by channel) into one reused f32 buffer and multiplied with gemm straight into their
+/// columns of the output.
 fn many_rows(
     x: &[f32],
-    [rows, inputs, out]: [usize; 3],
+    out: usize,
+    per_byte: usize,
     weights: &Weights<'_>,
     plan: &Plan,
-    (per_byte, group_len): (usize, usize),
     bias: Option<&[f32]>,
 ) -> FlexTensor {
+    let (rows, inputs) = (plan.rows, plan.inputs);
     let tile = (TILE_ELEMENTS / inputs).clamp(1, out);
-    let mut weight = vec![0f32; tile * inputs];
-    let mut part = vec![0f32; rows * tile];
+    // Taken out of the cell rather than borrowed: a call made while this one waits for the pool (a worker
+    // thread stealing work) finds it empty and allocates its own.
+    let mut buffer = TILE.take();
+    if buffer.len() < tile * inputs {
+        buffer.resize(tile * inputs, 0.0);
+    }
     let mut result = zeroed(Shape::from(vec![rows, out]));
     let dst = &mut result.storage_mut::<f32>()[..rows * out];
+    if let Some(bias) = bias {
+        for row in dst.chunks_exact_mut(out) {
+            row.copy_from_slice(bias);
+        }
+    }
     for first in (0..out).step_by(tile) {
         let n = tile.min(out - first);
-        let weight = &mut weight[..n * inputs];
+        // Every element of the tile is written before it is read: the dequantization covers whole channels.
+        let weight = &mut buffer[..n * inputs];
         let dequantize = |(i, row): (usize, &mut [f32])| {
-            let o = first + i;
-            let codes = &weights.codes[o * plan.row_bytes..(o + 1) * plan.row_bytes];
-            let scales = &weights.scales[o * plan.groups..(o + 1) * plan.groups];
-            let mins = weights
-                .mins
-                .map(|m| &m[o * plan.groups..(o + 1) * plan.groups]);
+            let channel = weights.channel(first + i, plan);
             if per_byte == 1 {
-                vectorized!(plan.dequantize::<1>(codes, scales, mins, group_len, row))
+                vectorized!(plan.dequantize::<1>(channel, row))
             } else {
-                vectorized!(plan.dequantize::<2>(codes, scales, mins, group_len, row))
+                vectorized!(plan.dequantize::<2>(channel, row))
             }
         };
         if kernel_threads() == 1 || n <= CHANNELS_PER_TASK {
@@ -178,56 +187,46 @@ fn many_rows(
                 .enumerate()
                 .for_each(dequantize);
         }
-        let part = &mut part[..rows * n];
         // SAFETY: `x` is `[rows, inputs]` and `weight` `[n, inputs]`, both row-major and only read during the
-        // product; the weight read as `[inputs, n]` is its transpose.
+        // product; the weight read as `[inputs, n]` is its transpose. The output rows are `out` apart, starting
+        // at column `first`.
         unsafe {
-            product(
+            product_strided(
                 (rows, n, inputs),
                 Operand::row_major(x, inputs),
                 Operand::row_major(weight, inputs).transposed(),
-                part,
-                false,
+                &mut dst[first..],
+                out,
+                bias.is_some(),
             );
         }
-        for (dst, part) in dst.chunks_exact_mut(out).zip(part.chunks_exact(n)) {
-            let dst = &mut dst[first..first + n];
-            dst.copy_from_slice(part);
-            if let Some(bias) = bias {
-                dst.iter_mut()
-                    .zip(&bias[first..first + n])
-                    .for_each(|(y, b)| *y += b);
-            }
-        }
     }
+    TILE.set(buffer);
     result
 }
 
 /// The input rows in the form the inner loops read, zero-padded to whole groups (so the padding codes multiply
-/// zeros): for INT4 split into even and odd columns (the low and high nibbles' partners), and each row's sum
-/// over every group (the asymmetric minimums multiply it).
+/// zeros): for INT4 split into even and odd columns (the low and high nibbles' partners), and, for asymmetric
+/// schemes, each row's sum over every group (the minimums multiply it).
 struct Inputs {
     /// INT8: `[rows, row_bytes]`; INT4: the even columns `[rows, row_bytes]`.
     first: Vec<f32>,
     /// INT4: the odd columns `[rows, row_bytes]`; INT8: empty.
     second: Vec<f32>,
-    /// `[rows, groups]`.
+    /// `[rows, groups]`; empty for symmetric schemes.
     group_sums: Vec<f32>,
 }
 
 impl Inputs {
-    fn new(
-        x: &[f32],
-        rows: usize,
-        inputs: usize,
-        row_bytes: usize,
-        per_byte: usize,
-        group_len: usize,
-    ) -> Self {
-        let group_sums = x
-            .chunks_exact(inputs)
-            .flat_map(|row| row.chunks(group_len).map(|g| g.iter().sum::<f32>()))
-            .collect::<Vec<_>>();
+    fn new(x: &[f32], per_byte: usize, asymmetric: bool, plan: &Plan) -> Self {
+        let (rows, inputs, row_bytes) = (plan.rows, plan.inputs, plan.row_bytes);
+        let group_sums = if asymmetric {
+            x.chunks_exact(inputs)
+                .flat_map(|row| row.chunks(plan.group_len).map(|g| g.iter().sum::<f32>()))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut first = vec![0f32; rows * row_bytes];
         if per_byte == 1 {
             for (dst, row) in first
@@ -259,39 +258,50 @@ impl Inputs {
     }
 }
 
-/// Every output channel's codes `[out, row_bytes]`, scales and (asymmetric) minimums `[out, groups]`.
+/// Codes `[out, row_bytes]`, scales and (asymmetric) minimums `[out, groups]`: of every output channel, or
+/// (from [`Weights::channel`]) of one.
+#[derive(Clone, Copy)]
 struct Weights<'a> {
     codes: &'a [u8],
     scales: &'a [f32],
     mins: Option<&'a [f32]>,
 }
 
+impl<'a> Weights<'a> {
+    /// Output channel `o`'s codes `[row_bytes]`, scales and minimums `[groups]`.
+    #[inline(always)]
+    fn channel(&self, o: usize, plan: &Plan) -> Weights<'a> {
+        let (row_bytes, groups) = (plan.row_bytes, plan.groups);
+        Weights {
+            codes: &self.codes[o * row_bytes..(o + 1) * row_bytes],
+            scales: &self.scales[o * groups..(o + 1) * groups],
+            mins: self.mins.map(|m| &m[o * groups..(o + 1) * groups]),
+        }
+    }
+}
+
 /// Sizes shared by every channel of one product.
 struct Plan {
     rows: usize,
+    /// Input features (columns of `x`).
+    inputs: usize,
     row_bytes: usize,
     groups: usize,
+    group_len: usize,
     group_bytes: usize,
     /// The code that stands for zero (symmetric); 0 when asymmetric, where `w = c s + m`.
     zero: f32,
 }
 
 impl Plan {
-    /// Dequantizes one channel's codes into `dst` `[in_features]` with the f32 operations of the portable path
+    /// Dequantizes one channel into `dst` `[in_features]` with the f32 operations of the portable path
     /// (`(c - zero) * scale`, or `c * scale + min`), so the values are bit-identical to it.
     #[inline(always)]
-    fn dequantize<const PER_BYTE: usize>(
-        &self,
-        codes: &[u8],
-        scales: &[f32],
-        mins: Option<&[f32]>,
-        group_len: usize,
-        dst: &mut [f32],
-    ) {
-        for (g, dst) in dst.chunks_mut(group_len).enumerate() {
-            let group = &codes[g * self.group_bytes..(g + 1) * self.group_bytes];
-            let scale = scales[g];
-            let value = |c: u8| match mins {
+    fn dequantize<const PER_BYTE: usize>(&self, channel: Weights<'_>, dst: &mut [f32]) {
+        for (g, dst) in dst.chunks_mut(self.group_len).enumerate() {
+            let group = &channel.codes[g * self.group_bytes..(g + 1) * self.group_bytes];
+            let scale = channel.scales[g];
+            let value = |c: u8| match channel.mins {
                 Some(mins) => f32::from(c) * scale + mins[g],
                 None => (f32::from(c) - self.zero) * scale,
             };
@@ -320,13 +330,8 @@ impl Plan {
         first: usize,
         dst: &mut [f32],
     ) {
-        let (row_bytes, groups) = (self.row_bytes, self.groups);
         for (i, dst) in dst.chunks_exact_mut(self.rows).enumerate() {
-            let o = first + i;
-            let codes = &weights.codes[o * row_bytes..(o + 1) * row_bytes];
-            let scales = &weights.scales[o * groups..(o + 1) * groups];
-            let mins = weights.mins.map(|m| &m[o * groups..(o + 1) * groups]);
-            self.channel::<PER_BYTE>(inputs, codes, scales, mins, dst);
+            self.channel::<PER_BYTE>(inputs, weights.channel(first + i, self), dst);
         }
     }
 
@@ -335,11 +340,14 @@ impl Plan {
     fn channel<const PER_BYTE: usize>(
         &self,
         inputs: &Inputs,
-        codes: &[u8],
-        scales: &[f32],
-        mins: Option<&[f32]>,
+        channel: Weights<'_>,
         dst: &mut [f32],
     ) {
+        let Weights {
+            codes,
+            scales,
+            mins,
+        } = channel;
         for (r, dst) in dst.iter_mut().enumerate() {
             let base = r * self.row_bytes;
             // Scaled group sums stay in lanes until the end of the row: one horizontal sum per row, not per

@@ -365,18 +365,19 @@ impl<B: KernelBackend> QuantizedLinear<B> {
         let [out_features, in_features] = self.layout.shape;
         let rows = dims[..D - 1].iter().product::<usize>();
         let x = x.reshape([rows, in_features]);
-        let native = (self.layout.word_bits == 8)
-            .then(|| {
-                B::quantized_dense(
-                    x.clone().into_primitive().tensor(),
-                    self.words.clone().into_primitive(),
-                    self.scales.clone().into_primitive().tensor(),
-                    self.mins.clone().map(|m| m.into_primitive().tensor()),
-                    self.bias.clone().map(|b| b.into_primitive().tensor()),
-                    self.layout.code_layout(),
-                )
-            })
-            .flatten();
+        // `CodeLayout` describes bytes; `i32` words (backends without `u8`) take the tensor-op path.
+        let native = if self.layout.word_bits == 8 {
+            B::quantized_dense(
+                x.clone().into_primitive().tensor(),
+                self.words.clone().into_primitive(),
+                self.scales.clone().into_primitive().tensor(),
+                self.mins.clone().map(|m| m.into_primitive().tensor()),
+                self.bias.clone().map(|b| b.into_primitive().tensor()),
+                self.layout.code_layout(),
+            )
+        } else {
+            None
+        };
         let y = match native {
             Some(y) => Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(y)),
             None => self.forward_tiled(x),
