@@ -7,9 +7,11 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use ember_model::AttentionKernel;
+
 use crate::backend::BackendRequest;
 
-/// A whole run: what to train on, what to train, how, and how to sample from the result.
+/// A whole run: what to train on, what to train, and how.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RunConfig {
@@ -17,7 +19,7 @@ pub struct RunConfig {
     pub name: String,
     /// Backend for this run (the `--backend` flag overrides it).
     pub backend: Option<BackendRequest>,
-    /// Seed for weight initialisation, batch sampling and dropout.
+    /// Seed for weight initialisation and the order training windows are drawn in.
     pub seed: u64,
     /// Corpus and split.
     pub data: DataConfig,
@@ -27,8 +29,6 @@ pub struct RunConfig {
     pub model: ModelConfig,
     /// Optimisation and schedule.
     pub training: TrainingConfig,
-    /// Sampling settings for the samples printed during and after training.
-    pub sampling: SamplingConfig,
 }
 
 /// The corpus and how it is split.
@@ -80,7 +80,7 @@ pub struct ModelConfig {
     /// Share the token embedding with the output projection.
     pub tie_embeddings: bool,
     /// Attention kernel: manual, fused or flash.
-    pub attention: String,
+    pub attention: AttentionKernel,
 }
 
 /// Optimiser, schedule and loop settings.
@@ -196,22 +196,6 @@ pub struct NodesConfig {
 /// `training.precision`: `f32`, or `bf16` (bf16 compute with f32 master weights).
 pub use ember_training::Precision;
 
-/// Sampling for the text shown during and after training.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SamplingConfig {
-    /// Prompt the samples start from.
-    pub prompt: String,
-    /// Tokens to generate per sample.
-    pub max_new_tokens: usize,
-    /// Softmax temperature (0 is greedy).
-    pub temperature: f64,
-    /// Keep only the k most likely tokens (0 disables).
-    pub top_k: usize,
-    /// Nucleus sampling threshold (1 disables).
-    pub top_p: f64,
-}
-
 impl Default for RunConfig {
     fn default() -> Self {
         Self {
@@ -222,7 +206,6 @@ impl Default for RunConfig {
             tokenizer: TokenizerConfig::default(),
             model: ModelConfig::default(),
             training: TrainingConfig::default(),
-            sampling: SamplingConfig::default(),
         }
     }
 }
@@ -260,7 +243,7 @@ impl Default for ModelConfig {
             rope_theta: 10_000.0,
             norm_eps: 1e-5,
             tie_embeddings: true,
-            attention: "flash".into(),
+            attention: AttentionKernel::Flash,
         }
     }
 }
@@ -288,18 +271,6 @@ impl Default for TrainingConfig {
             precision: Precision::F32,
             devices: Devices::default(),
             nodes: None,
-        }
-    }
-}
-
-impl Default for SamplingConfig {
-    fn default() -> Self {
-        Self {
-            prompt: "\n".into(),
-            max_new_tokens: 200,
-            temperature: 0.8,
-            top_k: 50,
-            top_p: 1.0,
         }
     }
 }
@@ -427,12 +398,6 @@ impl RunConfig {
                 ),
             ));
         }
-        if !["manual", "fused", "flash"].contains(&m.attention.as_str()) {
-            return Err(invalid(
-                "model.attention",
-                format!("expected manual, fused or flash, found `{}`", m.attention),
-            ));
-        }
         if !(self.data.val_fraction > 0.0 && self.data.val_fraction < 1.0) {
             return Err(invalid(
                 "data.val_fraction",
@@ -555,183 +520,9 @@ impl RunConfig {
                 ));
             }
         }
-        let s = &self.sampling;
-        if s.temperature < 0.0 || !(s.top_p > 0.0 && s.top_p <= 1.0) {
-            return Err(invalid(
-                "sampling",
-                "expected temperature >= 0 and top_p in (0, 1]".into(),
-            ));
-        }
         Ok(())
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(text: &str) -> Result<RunConfig, ConfigError> {
-        RunConfig::parse(text, Path::new("test.yaml"))
-    }
-
-    #[test]
-    fn shipped_configs_parse_and_default_yaml_equals_the_built_in_defaults() {
-        let root = std::path::PathBuf::from(
-            std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
-        );
-        let default = RunConfig::load(&root.join("configs/default.yaml")).unwrap();
-        let mut builtin = RunConfig::default();
-        builtin.resolve_paths(&root.join("configs"));
-        assert_eq!(
-            default, builtin,
-            "configs/default.yaml must list the built-in defaults"
-        );
-        let shakespeare = RunConfig::load(&root.join("configs/tinyshakespeare.yaml")).unwrap();
-        assert_eq!(shakespeare.name, "tinyshakespeare");
-        assert!(shakespeare.data.inputs[0].ends_with("data/tinyshakespeare.txt"));
-        assert!(
-            shakespeare.data.inputs[0].exists(),
-            "the corpus ships in the repo"
-        );
-    }
-
-    #[test]
-    fn unknown_key_is_an_error_naming_the_key_and_file() {
-        let err = parse("training:\n  learning_rat: 0.1\n").unwrap_err();
-        let msg = err.to_string();
-        assert!(msg.contains("test.yaml"), "{msg}");
-        assert!(msg.contains("learning_rat"), "{msg}");
-        assert!(msg.contains("training"), "{msg}");
-    }
-
-    #[test]
-    fn wrong_type_names_the_dotted_key() {
-        let err = parse("model:\n  num_layers: many\n").unwrap_err();
-        match err {
-            ConfigError::Parse { key, .. } => assert_eq!(key, "model.num_layers"),
-            other => panic!("expected a parse error, got {other}"),
-        }
-    }
-
-    #[test]
-    fn omitted_keys_take_defaults() {
-        let config = parse("name: x\ntraining:\n  max_steps: 700\n").unwrap();
-        assert_eq!(config.training.max_steps, 700);
-        assert_eq!(
-            config.training.batch_size,
-            TrainingConfig::default().batch_size
-        );
-        assert_eq!(config.model, ModelConfig::default());
-    }
-
-    #[test]
-    fn devices_are_a_count_a_list_or_auto() {
-        let devices = |yaml: &str| parse(yaml).unwrap().training.devices;
-        assert_eq!(
-            devices("training:\n  batch_size: 8\n  devices: 2\n").indices(8, None),
-            [0, 1]
-        );
-        assert_eq!(
-            devices("training:\n  batch_size: 8\n  devices: [0, 3]\n").indices(8, None),
-            [0, 3]
-        );
-        let auto = devices("training:\n  batch_size: 6\n  devices: auto\n");
-        // One replica per CPU thread, as many as divide the batch; on a GPU backend (no thread count), device 0.
-        assert_eq!(auto.indices(6, Some(2)), [0, 1]);
-        assert_eq!(auto.indices(6, Some(4)), [0, 1, 2]);
-        assert_eq!(auto.indices(6, None), [0]);
-        for (yaml, key) in [
-            (
-                "training:\n  batch_size: 8\n  devices: 3\n",
-                "training.devices",
-            ),
-            ("training:\n  devices: []\n", "training.devices"),
-            ("training:\n  devices: 0\n", "training.devices"),
-        ] {
-            let err = parse(yaml).unwrap_err();
-            assert!(
-                matches!(&err, ConfigError::Invalid { key: k, .. } if k == key),
-                "{yaml}: {err}"
-            );
-        }
-        assert!(parse("training:\n  devices: most\n").is_err());
-    }
-
-    #[test]
-    fn nodes_name_this_machine_and_share_the_batch() {
-        let nodes = |rest: &str| {
-            format!(
-                "training:\n  batch_size: 8\n  devices: 2\n  nodes: {{count: 2, orchestrator: \"ws://10.0.0.1:3000\", \
-                 address: \"ws://10.0.0.2:3001\", data_port: 3001{rest}}}\n"
-            )
-        };
-        let config = parse(&nodes(", rank: 1")).unwrap();
-        assert_eq!(
-            config.training.nodes.map(|n| (n.count, n.rank)),
-            Some((2, 1))
-        );
-        // Which share of the batch is this machine's has no safe default.
-        assert!(parse(&nodes("")).is_err());
-        for (yaml, key) in [
-            (nodes(", rank: 2"), "training.nodes.rank"),
-            (
-                nodes(", rank: 0").replace("count: 2", "count: 3"),
-                "training.batch_size",
-            ),
-            (
-                nodes(", rank: 0").replace("count: 2", "count: 0"),
-                "training.nodes.count",
-            ),
-        ] {
-            let err = parse(&yaml).unwrap_err();
-            assert!(
-                matches!(&err, ConfigError::Invalid { key: k, .. } if k == key),
-                "{yaml}: {err}"
-            );
-        }
-    }
-
-    #[test]
-    fn inconsistent_heads_are_rejected_with_the_key() {
-        let err = parse("model:\n  num_heads: 8\n  num_kv_heads: 3\n").unwrap_err();
-        assert!(
-            matches!(&err, ConfigError::Invalid { key, .. } if key == "model.num_kv_heads"),
-            "{err}"
-        );
-        let err = parse("model:\n  hidden_size: 100\n  num_heads: 8\n").unwrap_err();
-        assert!(
-            matches!(&err, ConfigError::Invalid { key, .. } if key == "model.num_heads"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn out_of_range_values_are_rejected() {
-        for (yaml, key) in [
-            ("data:\n  val_fraction: 1.5\n", "data.val_fraction"),
-            ("training:\n  learning_rate: 0\n", "training.learning_rate"),
-            ("training:\n  beta2: 1.0\n", "training.beta2"),
-            (
-                "training:\n  max_steps: 10\n  warmup_steps: 20\n",
-                "training.warmup_steps",
-            ),
-            ("model:\n  attention: sparse\n", "model.attention"),
-            ("tokenizer:\n  vocab_size: 100\n", "tokenizer.vocab_size"),
-        ] {
-            let err = parse(yaml).unwrap_err();
-            assert!(
-                matches!(&err, ConfigError::Invalid { key: k, .. } if k == key),
-                "{yaml}: {err}"
-            );
-        }
-    }
-
-    #[test]
-    fn backend_key_accepts_the_cli_names() {
-        assert_eq!(
-            parse("backend: wgpu\n").unwrap().backend,
-            Some(BackendRequest::Wgpu)
-        );
-        assert!(parse("backend: tpu\n").is_err());
-    }
-}
+mod tests;

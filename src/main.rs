@@ -35,8 +35,54 @@ fn main() -> ExitCode {
     match commands::run(cli.command, &ctx) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", error_message(&err));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `err` and its causes joined with `: `, each cause once. Library errors spell out their cause in their own
+/// message (so `to_string()` alone says everything) and also expose it as `source()`, so printing the whole chain
+/// would repeat it; a cause already contained in the text so far is skipped.
+fn error_message(err: &anyhow::Error) -> String {
+    let mut message = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if message.contains(&text) {
+            continue;
+        }
+        if !message.is_empty() {
+            message.push_str(": ");
+        }
+        message.push_str(&text);
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_message;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{path}: {source}")]
+    struct Io {
+        path: String,
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn a_cause_already_in_the_message_is_printed_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no config.json");
+        let err = anyhow::Error::new(Io {
+            path: "m/config.json".into(),
+            source: io,
+        })
+        .context("reading the model config of m");
+        assert_eq!(
+            error_message(&err),
+            "reading the model config of m: m/config.json: no config.json"
+        );
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_message(&plain), "outer: inner");
     }
 }

@@ -91,7 +91,7 @@ fn wgpu_gradients_match_cpu() {
 fn wgpu_attention_kernels_match_cpu_forward_and_backward() {
     use ember_attention::{AttentionKernel, AttentionOptions, attention};
 
-    fn run<B: burn::tensor::backend::AutodiffBackend + ember_attention::AttentionBackend>(
+    fn run<B: burn::tensor::backend::AutodiffBackend + ember_attention::EmberBackend>(
         kernel: AttentionKernel,
         q: Tensor<B, 4>,
         k: Tensor<B, 4>,
@@ -156,10 +156,7 @@ fn wgpu_transformer_forward_matches_cpu_f32_and_quantized() {
 
     let spec = ModelSpec::llama_style(97, 64, 2, 4, 2, 128, 64);
     let ids: Vec<i64> = (0..23).map(|i| (i * 31 + 7) % 97).collect();
-    fn logits<B: ember_attention::AttentionBackend>(
-        model: &Transformer<B>,
-        ids: &[i64],
-    ) -> TensorData {
+    fn logits<B: ember_attention::EmberBackend>(model: &Transformer<B>, ids: &[i64]) -> TensorData {
         let tokens = Tensor::<B, 2, Int>::from_data(
             TensorData::new(ids.to_vec(), [1, ids.len()]),
             &model.device(),

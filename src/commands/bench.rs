@@ -13,13 +13,13 @@ use ember_bench::{
     Repetitions, Report, ReportBody, SCHEMA_VERSION, TrainSettings, bench_model, compare,
     now_rfc3339, render_comparison, render_report, synthetic_prompt,
 };
-use ember_inference::{KvCacheKind, ModelAssets, Precision};
-use ember_model::{AttentionBackend, AttentionKernel, ModelSpec, Positions, Transformer};
+use ember_inference::{KvCacheKind, ModelAssets, WeightFormat};
+use ember_model::{AttentionKernel, EmberBackend, ModelSpec, Positions, Transformer};
 use ember_training::{DataParallelSettings, HfModelStore, InMemoryData};
 
 use crate::Context;
 use crate::backend::{BackendJob, BackendKind, SystemProbe, run_on, select};
-use crate::commands::precision::QuantizeArgs;
+use crate::commands::model_args::LoadArgs;
 use crate::commands::train::{replica_devices, training_precision};
 use crate::config::RunConfig;
 
@@ -56,11 +56,9 @@ pub struct Args {
     /// Run a suite instead of a model bench.
     #[arg(long, value_enum)]
     pub suite: Option<Suite>,
-    /// Attention kernel for --model and --suite train: manual, fused or flash [default: flash].
-    #[arg(long, default_value = "flash")]
-    pub attention: String,
+    /// How --model is loaded (--attention also applies to --suite train).
     #[command(flatten)]
-    pub quantize: QuantizeArgs,
+    pub load: LoadArgs,
     /// KV cache of --model: contiguous, paged (16-position blocks) or paged-N [default: contiguous].
     #[arg(long, default_value = "contiguous")]
     pub kv_cache: KvCacheKind,
@@ -197,7 +195,7 @@ fn cube_memory<R: burn::cubecl::Runtime>(device: &R::Device) -> Option<DeviceMem
 impl BackendJob for BenchJob {
     type Output = anyhow::Result<ReportBody>;
 
-    fn run<B: AttentionBackend>(self, device: B::Device) -> Self::Output {
+    fn run<B: EmberBackend>(self, device: B::Device) -> Self::Output {
         let args = &self.args;
         if args.model.is_some() {
             return self.model_bench::<B>(&device);
@@ -212,14 +210,14 @@ impl BackendJob for BenchJob {
 }
 
 impl BenchJob {
-    fn model_bench<B: AttentionBackend>(&self, device: &B::Device) -> anyhow::Result<ReportBody> {
+    fn model_bench<B: EmberBackend>(&self, device: &B::Device) -> anyhow::Result<ReportBody> {
         let args = &self.args;
         let path = args
             .model
             .as_deref()
             .ok_or_else(|| anyhow!("--model is required"))?;
-        let precision = args.quantize.precision()?;
-        let kernel: AttentionKernel = args.attention.parse()?;
+        let precision = args.load.quantize.weight_format()?;
+        let kernel = args.load.attention;
         let assets =
             ModelAssets::open(path).with_context(|| format!("opening {}", path.display()))?;
         let model = assets
@@ -232,13 +230,13 @@ impl BenchJob {
             runs: args.runs,
             warmup: args.warmup,
             attention: kernel.name().to_string(),
-            quantize: args.quantize.quantize.clone(),
+            quantize: args.load.quantize.quantize.clone(),
             kv_cache: args.kv_cache.to_string(),
         };
         let name = path.display().to_string();
         let clock = MonotonicClock::new();
         let kind = self.kind;
-        let dtype = if assets.stores_quantized() && precision == Precision::F32 {
+        let dtype = if assets.stores_quantized() && precision == WeightFormat::F32 {
             "stored".to_string()
         } else {
             precision.label()
@@ -255,7 +253,7 @@ impl BenchJob {
         Ok(ReportBody::Model(bench))
     }
 
-    fn kernel_suite<B: AttentionBackend>(&self, device: &B::Device) -> anyhow::Result<ReportBody> {
+    fn kernel_suite<B: EmberBackend>(&self, device: &B::Device) -> anyhow::Result<ReportBody> {
         let args = &self.args;
         let mut settings = kernels::default_settings();
         if !args.seq_lens.is_empty() {
@@ -313,7 +311,7 @@ impl BenchJob {
         Ok(ReportBody::Tokenizer(suite))
     }
 
-    fn train_suite<B: AttentionBackend>(&self, device: &B::Device) -> anyhow::Result<ReportBody> {
+    fn train_suite<B: EmberBackend>(&self, device: &B::Device) -> anyhow::Result<ReportBody> {
         let args = &self.args;
         let config_path = args
             .config
@@ -332,12 +330,12 @@ impl BenchJob {
             m.intermediate_size,
             m.block_size,
         );
-        spec.tied_embeddings = m.tie_embeddings;
-        spec.norm.eps = m.norm_eps;
+        spec.features.tied_embeddings = m.tie_embeddings;
+        spec.features.norm.eps = m.norm_eps;
         if let Positions::Rope(rope) = &mut spec.positions {
             rope.theta = m.rope_theta;
         }
-        let kernel: AttentionKernel = args.attention.parse()?;
+        let kernel = args.load.attention;
         let settings = TrainSettings {
             config: config_path.display().to_string(),
             batch: args.batch.unwrap_or(config.training.batch_size),

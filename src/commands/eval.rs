@@ -5,20 +5,18 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context as _, bail};
-use ember_inference::{ModelAssets, Precision, perplexity};
-use ember_model::{AttentionBackend, AttentionKernel};
-use indicatif::{ProgressBar, ProgressStyle};
+use ember_inference::{ModelAssets, WeightFormat, perplexity};
+use ember_model::EmberBackend;
 
 use crate::Context;
 use crate::backend::BackendJob;
-use crate::commands::precision::{QuantizeArgs, load_with_progress};
+use crate::commands::model_args::ModelArgs;
 
 /// Flags of `ember eval`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Hugging Face model directory (with tokenizer.json) or GGUF file [required].
-    #[arg(long)]
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// UTF-8 text to score [default: data/tinyshakespeare.txt].
     #[arg(long, default_value = "data/tinyshakespeare.txt")]
     pub text: PathBuf,
@@ -37,11 +35,6 @@ pub struct Args {
     /// Score at most this many tokens from the start of the tail [default: all].
     #[arg(long)]
     pub max_tokens: Option<usize>,
-    /// Attention kernel: manual, fused or flash [default: flash].
-    #[arg(long, default_value = "flash")]
-    pub attention: String,
-    #[command(flatten)]
-    pub quantize: QuantizeArgs,
     /// Print one JSON object instead of text [default: off].
     #[arg(long)]
     pub json: bool,
@@ -66,26 +59,24 @@ struct EvalJob {
     ids: Vec<u32>,
     bytes: usize,
     args: Args,
-    precision: Precision,
+    precision: WeightFormat,
     quiet: bool,
 }
 
 impl BackendJob for EvalJob {
     type Output = anyhow::Result<serde_json::Value>;
 
-    fn run<B: AttentionBackend>(self, device: B::Device) -> Self::Output {
-        let kernel: AttentionKernel = self.args.attention.parse()?;
-        let model = load_with_progress::<B>(&self.assets, &device, &self.precision, self.quiet)?
-            .with_kernel(kernel);
+    fn run<B: EmberBackend>(self, device: B::Device) -> Self::Output {
+        let model = self
+            .args
+            .model
+            .load::<B>(&self.assets, &device, self.quiet)?;
         let window = self.args.window.min(model.spec().context_length);
-        let bar = if self.quiet {
-            ProgressBar::hidden()
-        } else {
-            ProgressBar::new(0)
-        };
-        bar.set_style(ProgressStyle::with_template(
+        let bar = super::progress_bar(
+            self.quiet,
+            Some(0),
             "scoring {bar:30} {pos}/{len} windows {elapsed}",
-        )?);
+        );
         let start = Instant::now();
         let result = perplexity(&model, &self.ids, window, self.args.batch, |done, total| {
             bar.set_length(total as u64);
@@ -93,7 +84,7 @@ impl BackendJob for EvalJob {
         })?;
         bar.finish_and_clear();
         Ok(serde_json::json!({
-            "model": self.args.model.display().to_string(),
+            "model": self.args.model.model.display().to_string(),
             "text": self.args.text.display().to_string(),
             "tail": self.args.tail,
             "precision": self.precision.label(),
@@ -115,13 +106,14 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
     if !(args.tail > 0.0 && args.tail <= 1.0) {
         bail!("--tail {}: expected a fraction in (0, 1]", args.tail);
     }
-    let precision = args.quantize.precision()?;
-    let assets = ModelAssets::open(&args.model)
-        .with_context(|| format!("opening model {}", args.model.display()))?;
-    let tokenizer = assets
-        .tokenizer
-        .as_ref()
-        .with_context(|| format!("{}: eval needs the model's tokenizer", args.model.display()))?;
+    let precision = args.model.load.quantize.weight_format()?;
+    let assets = args.model.open()?;
+    let tokenizer = assets.tokenizer.as_ref().with_context(|| {
+        format!(
+            "{}: eval needs the model's tokenizer",
+            args.model.model.display()
+        )
+    })?;
     let text = std::fs::read_to_string(&args.text)
         .with_context(|| format!("reading --text {}", args.text.display()))?;
     let text = tail_of(&text, args.tail);

@@ -7,14 +7,14 @@ use anyhow::{Context as _, bail};
 use ember_inference::sampling::SamplingConfig;
 use ember_inference::{
     ChatTemplate, Conversation, Generation, GenerationConfig, InferenceError, KvCacheKind, Message,
-    ModelAssets, Precision, TransformerLm, generate,
+    ModelAssets, TransformerLm, generate,
 };
-use ember_model::{AttentionBackend, AttentionKernel};
+use ember_model::EmberBackend;
 use ember_tokenizer::Tokenizer;
 
 use crate::Context;
 use crate::backend::BackendJob;
-use crate::commands::precision::{QuantizeArgs, load_with_progress};
+use crate::commands::model_args::{KvCacheArgs, ModelArgs};
 
 /// Output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -29,9 +29,8 @@ pub enum Format {
 #[derive(clap::Args, Debug)]
 #[command(group(clap::ArgGroup::new("input").args(["prompt", "tokens", "prompt_file"])))]
 pub struct Args {
-    /// Hugging Face model directory (config.json, model.safetensors, tokenizer.json) or GGUF file [required].
-    #[arg(long)]
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Prompt text [one of --prompt, --tokens, --prompt-file, unless --interactive].
     #[arg(long)]
     pub prompt: Option<String>,
@@ -90,19 +89,8 @@ pub struct Args {
     /// [default: off].
     #[arg(long)]
     pub interactive: bool,
-    /// Attention kernel: manual, fused or flash [default: flash].
-    #[arg(long, default_value = "flash")]
-    pub attention: String,
     #[command(flatten)]
-    pub quantize: QuantizeArgs,
-    /// KV cache: contiguous (one left-padded buffer for the batch), paged (each prompt's tokens in 16-position
-    /// blocks, released as rows finish) or paged-N for N-position blocks [default: contiguous].
-    #[arg(long, default_value = "contiguous")]
-    pub kv_cache: KvCacheKind,
-    /// Hard cap on the paged KV cache, in MiB; a batch that outgrows it fails with a message saying so
-    /// [default: what a contiguous cache of the whole context window would take].
-    #[arg(long)]
-    pub kv_budget_mib: Option<usize>,
+    pub kv: KvCacheArgs,
 }
 
 /// What to run once the backend is chosen.
@@ -118,8 +106,6 @@ struct GenerateJob {
     work: Work,
     config: GenerationConfig,
     args: Args,
-    kernel: AttentionKernel,
-    precision: Precision,
     kv_cache: KvCacheKind,
     quiet: bool,
 }
@@ -127,9 +113,11 @@ struct GenerateJob {
 impl BackendJob for GenerateJob {
     type Output = anyhow::Result<()>;
 
-    fn run<B: AttentionBackend>(self, device: B::Device) -> Self::Output {
-        let model = load_with_progress::<B>(&self.assets, &device, &self.precision, self.quiet)?
-            .with_kernel(self.kernel);
+    fn run<B: EmberBackend>(self, device: B::Device) -> Self::Output {
+        let model = self
+            .args
+            .model
+            .load::<B>(&self.assets, &device, self.quiet)?;
         let lm = TransformerLm::new(model, device).with_kv_cache(self.kv_cache);
         let tokenizer = self.assets.tokenizer.as_ref();
         match &self.work {
@@ -141,7 +129,7 @@ impl BackendJob for GenerateJob {
     }
 }
 
-fn run_batch<B: AttentionBackend>(
+fn run_batch<B: EmberBackend>(
     lm: &TransformerLm<B>,
     tokenizer: Option<&Tokenizer>,
     prompts: &[Vec<u32>],
@@ -199,7 +187,7 @@ fn json_line(g: &Generation) -> serde_json::Value {
 }
 
 /// The chat loop: each stdin line is a user message; only the new part of the rendered conversation is run.
-fn run_interactive<B: AttentionBackend>(
+fn run_interactive<B: EmberBackend>(
     lm: &TransformerLm<B>,
     assets: &ModelAssets,
     args: &Args,
@@ -292,10 +280,7 @@ fn prompt_ids(
 
 /// Runs `ember generate`.
 pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
-    let kernel: AttentionKernel = args.attention.parse()?;
-    let precision = args.quantize.precision()?;
-    let assets = ModelAssets::open(&args.model)
-        .with_context(|| format!("opening model {}", args.model.display()))?;
+    let assets = args.model.open()?;
     let work = if args.interactive {
         Work::Interactive
     } else {
@@ -327,21 +312,12 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
         },
         truncate: args.truncate,
     };
-    let kv_cache = match (args.kv_cache, args.kv_budget_mib) {
-        (KvCacheKind::Contiguous, Some(_)) => {
-            bail!("--kv-budget-mib applies to the paged cache; add --kv-cache paged")
-        }
-        (kind, Some(0)) => bail!("--kv-budget-mib must be at least 1 for --kv-cache {kind}"),
-        (kind, Some(mib)) => kind.with_budget_bytes(mib << 20),
-        (kind, None) => kind,
-    };
+    let kv_cache = args.kv.kind()?;
     let job = GenerateJob {
         assets,
         work,
         config,
         args,
-        kernel,
-        precision,
         kv_cache,
         quiet: ctx.quiet,
     };

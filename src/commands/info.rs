@@ -90,8 +90,56 @@ fn describe_positions(spec: &ModelSpec) -> String {
 }
 
 /// The table `ember info` prints.
+/// `x` as a person writes it: `1e-5` for an epsilon (read from an f32 field, so printed at f32 precision when it
+/// is exactly an f32, not as `0.000009999999747378752`).
+fn short_float(x: f64) -> String {
+    let single = x as f32;
+    if f64::from(single) == x {
+        format!("{single:e}")
+    } else {
+        format!("{x:e}")
+    }
+}
+
+/// The per-layer windows in a line: `none (full causal attention)`, `4096 on every layer`, or the repeating
+/// pattern with its count (`4096 full, 6 times`), run-length compressed (`4096 x5, full`).
+fn describe_windows(windows: &[Option<usize>]) -> String {
+    let name = |w: &Option<usize>| w.map_or("full".to_string(), |w| w.to_string());
+    if windows.iter().all(Option::is_none) {
+        return "none (full causal attention)".to_string();
+    }
+    if windows.iter().all(|w| *w == windows[0]) {
+        return format!("{} on every layer", name(&windows[0]));
+    }
+    let period = (1..=windows.len())
+        .find(|&p| windows.len().is_multiple_of(p) && windows.chunks(p).all(|c| c == &windows[..p]))
+        .unwrap_or(windows.len());
+    let mut runs: Vec<(String, usize)> = Vec::new();
+    for w in &windows[..period] {
+        match runs.last_mut() {
+            Some((last, count)) if *last == name(w) => *count += 1,
+            _ => runs.push((name(w), 1)),
+        }
+    }
+    let pattern = runs
+        .iter()
+        .map(|(w, n)| {
+            if *n == 1 {
+                w.clone()
+            } else {
+                format!("{w} x{n}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    match windows.len() / period {
+        1 => pattern,
+        repeats => format!("{pattern}, {repeats} times"),
+    }
+}
+
 pub fn report(spec: &ModelSpec) -> String {
-    let b = spec.biases;
+    let b = spec.features.biases;
     let biases: Vec<&str> = [
         (b.qkv, "qkv"),
         (b.attn_out, "attn_out"),
@@ -101,11 +149,6 @@ pub fn report(spec: &ModelSpec) -> String {
     .into_iter()
     .filter_map(|(on, name)| on.then_some(name))
     .collect();
-    let windows: Vec<String> = spec
-        .attention_windows
-        .iter()
-        .map(|w| w.map_or("full".to_string(), |w| w.to_string()))
-        .collect();
     let params = spec.parameter_count();
     let rows = [
         ("architecture", spec.architecture.clone()),
@@ -124,23 +167,30 @@ pub fn report(spec: &ModelSpec) -> String {
             "norm",
             format!(
                 "{:?} (eps {}{})",
-                spec.norm.kind,
-                spec.norm.eps,
-                if spec.norm.bias { ", bias" } else { "" }
+                spec.features.norm.kind,
+                short_float(spec.features.norm.eps),
+                if spec.features.norm.bias {
+                    ", bias"
+                } else {
+                    ""
+                }
             ),
         ),
-        ("residual", format!("{:?}, pre-norm", spec.residual)),
+        (
+            "residual",
+            format!("{:?}, pre-norm", spec.features.residual),
+        ),
         ("positions", describe_positions(spec)),
         (
             "mlp",
             format!(
                 "{} {:?}",
-                if spec.mlp == MlpKind::Gated {
+                if spec.features.mlp == MlpKind::Gated {
                     "gated"
                 } else {
                     "plain"
                 },
-                spec.activation
+                spec.features.activation
             ),
         ),
         (
@@ -153,17 +203,26 @@ pub fn report(spec: &ModelSpec) -> String {
         ),
         (
             "q/k norm",
-            if spec.qk_norm { "yes" } else { "no" }.to_string(),
+            if spec.features.qk_norm { "yes" } else { "no" }.to_string(),
         ),
-        ("attention windows", windows.join(" ")),
+        (
+            "attention windows",
+            describe_windows(&spec.attention_windows),
+        ),
         (
             "attention scale",
-            spec.attention_scale
+            spec.features
+                .attention_scale
                 .map_or("1/sqrt(head_dim)".to_string(), |s| s.to_string()),
         ),
         (
             "tied embeddings",
-            if spec.tied_embeddings { "yes" } else { "no" }.to_string(),
+            if spec.features.tied_embeddings {
+                "yes"
+            } else {
+                "no"
+            }
+            .to_string(),
         ),
         ("context length", grouped(spec.context_length as u64)),
         (

@@ -5,21 +5,20 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
 use burn::tensor::{Int, Tensor, TensorData};
-use ember_inference::{ModelAssets, Precision};
-use ember_model::{AttentionBackend, AttentionKernel};
+use ember_inference::ModelAssets;
+use ember_model::EmberBackend;
 use safetensors::tensor::{Dtype, TensorView};
 
 use crate::Context;
 use crate::backend::BackendJob;
-use crate::commands::precision::{QuantizeArgs, load_with_progress};
+use crate::commands::model_args::{LoadArgs, ModelArgs};
 
 /// Flags of `ember logits`.
 #[derive(clap::Args, Debug)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["tokens", "prompt"])))]
 pub struct Args {
-    /// Hugging Face model directory (config.json + model.safetensors) or GGUF file [required].
-    #[arg(long)]
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Comma-separated token ids, e.g. `1,2,3` [this or --prompt is required].
     #[arg(long, value_delimiter = ',')]
     pub tokens: Option<Vec<u32>>,
@@ -29,28 +28,21 @@ pub struct Args {
     /// Output safetensors file: `logits` [T, vocab] f32 and `tokens` [T] i64 [required].
     #[arg(long)]
     pub output: PathBuf,
-    /// Attention kernel: manual, fused or flash [default: flash].
-    #[arg(long, default_value = "flash")]
-    pub attention: String,
-    #[command(flatten)]
-    pub quantize: QuantizeArgs,
 }
 
 /// Loads the model on the selected backend and computes the logits of `ids`.
 struct LogitsJob {
     assets: ModelAssets,
     ids: Vec<u32>,
-    kernel: AttentionKernel,
-    precision: Precision,
+    load: LoadArgs,
     quiet: bool,
 }
 
 impl BackendJob for LogitsJob {
     type Output = anyhow::Result<Vec<f32>>;
 
-    fn run<B: AttentionBackend>(self, device: B::Device) -> Self::Output {
-        let model = load_with_progress::<B>(&self.assets, &device, &self.precision, self.quiet)?
-            .with_kernel(self.kernel);
+    fn run<B: EmberBackend>(self, device: B::Device) -> Self::Output {
+        let model = self.load.load::<B>(&self.assets, &device, self.quiet)?;
         model.check_tokens(&self.ids)?;
         let data: Vec<i64> = self.ids.iter().map(|&id| i64::from(id)).collect();
         let tokens =
@@ -84,17 +76,14 @@ fn write_output(path: &Path, ids: &[u32], logits: &[f32], vocab: usize) -> anyho
 
 /// Runs `ember logits`.
 pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
-    let kernel: AttentionKernel = args.attention.parse()?;
-    let precision = args.quantize.precision()?;
-    let assets = ModelAssets::open(&args.model)
-        .with_context(|| format!("opening model {}", args.model.display()))?;
+    let assets = args.model.open()?;
     let ids = match (args.tokens, &args.prompt) {
         (Some(ids), _) => ids,
         (None, Some(prompt)) => {
             let tokenizer = assets.tokenizer.as_ref().with_context(|| {
                 format!(
                     "--prompt needs a tokenizer with the model {}",
-                    args.model.display()
+                    args.model.model.display()
                 )
             })?;
             tokenizer.encode(prompt)?
@@ -108,8 +97,7 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
     let job = LogitsJob {
         assets,
         ids: ids.clone(),
-        kernel,
-        precision,
+        load: args.model.load.clone(),
         quiet: ctx.quiet,
     };
     let logits = ctx.dispatch(None, job)??;

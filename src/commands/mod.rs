@@ -9,14 +9,28 @@ pub mod eval;
 pub mod generate;
 pub mod info;
 pub mod logits;
+pub mod model_args;
 pub mod orchestrator;
 pub mod plot;
-pub mod precision;
 pub mod prepare;
 pub mod quantize;
 pub mod tokenize;
 pub mod train;
 pub mod train_tokenizer;
+
+/// A progress bar on stderr drawn with `template` (indicatif's syntax), of `len` steps (`None`: unknown until
+/// set), or a hidden one under `--quiet`.
+pub fn progress_bar(quiet: bool, len: Option<u64>, template: &str) -> indicatif::ProgressBar {
+    use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(len, ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
+}
 
 /// The subcommands of `ember`.
 #[derive(Subcommand, Debug)]

@@ -6,7 +6,6 @@ use std::time::Instant;
 use anyhow::Context as _;
 use ember_dataset::clean::CleanOptions;
 use ember_dataset::{DEFAULT_SHARD_TOKENS, PrepareOptions, Progress, TokenizerEncoder, prepare};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::Context;
 
@@ -49,16 +48,11 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
         clean: args.clean.then(CleanOptions::all),
         ..PrepareOptions::new(args.input, args.output.clone())
     };
-    let bar = if ctx.quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
-    };
-    let style = ProgressStyle::with_template(
+    let bar = super::progress_bar(
+        ctx.quiet,
+        None,
         "{spinner} {bytes}/{total_bytes} {wide_bar} {bytes_per_sec} eta {eta}",
-    )
-    .unwrap_or_else(|_| ProgressStyle::default_bar());
-    bar.set_style(style);
+    );
     let progress = |p: Progress| {
         bar.set_length(p.bytes_total);
         bar.set_position(p.bytes_done.max(bar.position()));

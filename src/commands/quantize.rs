@@ -5,12 +5,12 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
-use ember_inference::{ModelAssets, Precision, WeightsFile};
-use ember_model::{AttentionBackend, save_quantized};
+use ember_inference::{ModelAssets, WeightFormat, WeightsFile};
+use ember_model::{EmberBackend, save_quantized};
 
 use crate::Context;
 use crate::backend::BackendJob;
-use crate::commands::precision::{QuantizeArgs, load_with_progress};
+use crate::commands::model_args::{QuantizeArgs, load_with_progress};
 
 /// Files of a model directory that describe its tokenizer and generation defaults, copied as they are.
 const SIDE_FILES: [&str; 4] = [
@@ -35,7 +35,7 @@ pub struct Args {
 
 struct QuantizeJob {
     assets: ModelAssets,
-    precision: Precision,
+    precision: WeightFormat,
     out: PathBuf,
     quiet: bool,
 }
@@ -43,7 +43,7 @@ struct QuantizeJob {
 impl BackendJob for QuantizeJob {
     type Output = anyhow::Result<(usize, usize)>;
 
-    fn run<B: AttentionBackend>(self, device: B::Device) -> Self::Output {
+    fn run<B: EmberBackend>(self, device: B::Device) -> Self::Output {
         let dense = self.assets.spec.parameter_count() as usize * 4;
         let model = load_with_progress::<B>(&self.assets, &device, &self.precision, self.quiet)?;
         save_quantized(&model, &self.out)
@@ -54,14 +54,14 @@ impl BackendJob for QuantizeJob {
 
 /// Runs `ember quantize`.
 pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
-    let precision = args.quantize.precision()?;
+    let precision = args.quantize.weight_format()?;
     let scheme = match precision {
-        Precision::Quantized(q) => q.scheme,
-        Precision::Stored => bail!(
+        WeightFormat::Quantized(q) => q.scheme,
+        WeightFormat::Stored => bail!(
             "--quantize gguf keeps a GGUF file's blocks; a GGUF file already loads quantized with \
              `ember generate --quantize gguf`"
         ),
-        Precision::F32 => {
+        WeightFormat::F32 => {
             bail!("--quantize SCHEME is required (int8, int8-gN, int4-gN, int4-gN-asym)")
         }
     };

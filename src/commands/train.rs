@@ -11,13 +11,13 @@ use anyhow::{Context as _, bail};
 use burn::backend::Autodiff;
 use burn::tensor::backend::{Device as _, DeviceId};
 use ember_dataset::{DocumentEncoder, PrepareOptions, Split, TokenDataset, stable_hash};
-use ember_model::{AttentionBackend, AttentionKernel, ModelSpec, Positions, Transformer};
+use ember_model::{EmberBackend, ModelSpec, Positions, Transformer};
 use ember_tokenizer::{NoProgress, Tokenizer};
 use ember_training::{
     AdamWConfig, CosineSchedule, DataParallelSettings, DecayPolicy, HfModelStore, MetricsRecord,
     NodeSettings, Observer, ShardData, StepReport, TrainSettings, TrainSummary,
 };
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 
 use crate::Context;
 use crate::backend::{BackendJob, computes_bf16, is_cpu};
@@ -293,7 +293,7 @@ fn ensure_dataset(
 /// The model's device and the data-parallel replicas' devices (empty for one replica) from `training.devices`:
 /// index `i` is device `i` of the kind the backend selected (CUDA ordinal, wgpu adapter); the CPU backends have
 /// one device, which every replica shares (the replicas are threads; `auto` gives one per `--threads`).
-pub(crate) fn replica_devices<B: AttentionBackend>(
+pub(crate) fn replica_devices<B: EmberBackend>(
     training: &TrainingConfig,
     selected: B::Device,
 ) -> (B::Device, Vec<DeviceId>) {
@@ -315,10 +315,7 @@ pub(crate) fn replica_devices<B: AttentionBackend>(
 
 /// The precision a training run computes in on `B`: the config's `training.precision`, except that bf16 falls
 /// back to f32 (with a note unless `quiet`) on backends that would only emulate it.
-pub(crate) fn training_precision<B: AttentionBackend>(
-    configured: Precision,
-    quiet: bool,
-) -> Precision {
+pub(crate) fn training_precision<B: EmberBackend>(configured: Precision, quiet: bool) -> Precision {
     if configured == Precision::Bf16 && !computes_bf16::<B>() {
         if !quiet {
             eprintln!(
@@ -343,7 +340,7 @@ struct TrainJob {
 impl BackendJob for TrainJob {
     type Output = anyhow::Result<TrainSummary>;
 
-    fn run<B: AttentionBackend>(mut self, device: B::Device) -> anyhow::Result<TrainSummary> {
+    fn run<B: EmberBackend>(mut self, device: B::Device) -> anyhow::Result<TrainSummary> {
         let (device, devices) = replica_devices::<B>(&self.config.training, device);
         self.settings.data_parallel.devices = devices;
         self.settings.precision =
@@ -358,16 +355,12 @@ impl BackendJob for TrainJob {
             m.intermediate_size,
             m.block_size,
         );
-        spec.tied_embeddings = m.tie_embeddings;
-        spec.norm.eps = m.norm_eps;
+        spec.features.tied_embeddings = m.tie_embeddings;
+        spec.features.norm.eps = m.norm_eps;
         if let Positions::Rope(rope) = &mut spec.positions {
             rope.theta = m.rope_theta;
         }
-        let kernel = match m.attention.as_str() {
-            "manual" => AttentionKernel::Manual,
-            "fused" => AttentionKernel::Fused,
-            _ => AttentionKernel::Flash,
-        };
+        let kernel = m.attention;
         let model = Transformer::<Autodiff<B>>::init(&spec, self.config.seed, &device)
             .context("building the model")?
             .with_kernel(kernel);
@@ -422,14 +415,11 @@ struct Bar {
 
 impl Bar {
     fn new(max_steps: usize, quiet: bool) -> Self {
-        let bar = if quiet {
-            ProgressBar::hidden()
-        } else {
-            ProgressBar::new(max_steps as u64)
-        };
-        let style = ProgressStyle::with_template("{bar:30} step {pos}/{len} {msg} ETA {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar());
-        bar.set_style(style);
+        let bar = super::progress_bar(
+            quiet,
+            Some(max_steps as u64),
+            "{bar:30} step {pos}/{len} {msg} ETA {eta}",
+        );
         Bar { bar, quiet }
     }
 }

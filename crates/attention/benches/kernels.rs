@@ -19,7 +19,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, ElementConversion, Tensor};
 use criterion::{BenchmarkId, Criterion};
-use ember_attention::{AttentionBackend, AttentionKernel, AttentionOptions, attention};
+use ember_attention::{AttentionKernel, AttentionOptions, EmberBackend, attention};
 
 /// Wraps the system allocator, counting live bytes and their high-water mark.
 struct CountingAllocator;
@@ -108,7 +108,7 @@ fn inputs<B: Backend>(seq: usize) -> [Tensor<B, 4>; 3] {
 }
 
 /// One causal forward pass; the output is read back so lazy backends finish the work.
-fn forward<B: AttentionBackend>(kernel: AttentionKernel, [q, k, v]: [Tensor<B, 4>; 3]) -> f32 {
+fn forward<B: EmberBackend>(kernel: AttentionKernel, [q, k, v]: [Tensor<B, 4>; 3]) -> f32 {
     let out = attention(kernel, q, k, v, &AttentionOptions::causal());
     out.sum().into_scalar().elem()
 }

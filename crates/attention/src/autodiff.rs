@@ -1,8 +1,8 @@
 //! ember's kernels on `Autodiff<B>`, each one graph node whose backward step calls the inner backend: flash
-//! attention ([`AttentionBackend::flash_attention_backward`]), RoPE (a rotation: its gradient is the rotation
-//! by the opposite angles), the linear layer ([`KernelBackend::dense_backward`]), RMSNorm
-//! ([`KernelBackend::rms_norm_backward`]), SwiGLU
-//! ([`KernelBackend::swiglu_backward`]) and the cross-entropy loss ([`KernelBackend::cross_entropy_backward`]).
+//! attention ([`EmberBackend::flash_attention_backward`]), RoPE (a rotation: its gradient is the rotation
+//! by the opposite angles), the linear layer ([`EmberBackend::dense_backward`]), RMSNorm
+//! ([`EmberBackend::rms_norm_backward`]), SwiGLU
+//! ([`EmberBackend::swiglu_backward`]) and the cross-entropy loss ([`EmberBackend::cross_entropy_backward`]).
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::{
@@ -15,9 +15,9 @@ use burn::tensor::ops::FloatTensorOps;
 use burn::tensor::ops::{BoolTensor, FloatTensor, IntTensor};
 use burn::tensor::{Shape, TensorMetadata};
 
+use crate::EmberBackend;
 use crate::flash::FlashConfig;
 use crate::rope::RopeConfig;
-use crate::{AttentionBackend, KernelBackend};
 
 /// The backward step of flash attention: parents are (q, k, v).
 #[derive(Debug)]
@@ -35,7 +35,7 @@ type FlashState<B> = (
     FlashConfig,
 );
 
-impl<B: AttentionBackend> Backward<B, 3> for FlashAttentionBackward {
+impl<B: EmberBackend> Backward<B, 3> for FlashAttentionBackward {
     type State = FlashState<B>;
 
     fn backward(
@@ -60,7 +60,7 @@ impl<B: AttentionBackend> Backward<B, 3> for FlashAttentionBackward {
     }
 }
 
-impl<B: AttentionBackend, C: CheckpointStrategy> AttentionBackend for Autodiff<B, C> {
+impl<B: EmberBackend, C: CheckpointStrategy> EmberBackend for Autodiff<B, C> {
     fn flash_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -127,136 +127,7 @@ impl<B: AttentionBackend, C: CheckpointStrategy> AttentionBackend for Autodiff<B
             }
         }
     }
-}
 
-/// The backward step of RoPE: the parent is `x`; the tables and rotation are constants.
-#[derive(Debug)]
-struct RopeBackward;
-
-impl<B: AttentionBackend> Backward<B, 1> for RopeBackward {
-    /// cos, sin, rotation, config.
-    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, RopeConfig);
-
-    fn backward(
-        self,
-        ops: Ops<Self::State, 1>,
-        grads: &mut Gradients,
-        _checkpointer: &mut Checkpointer,
-    ) {
-        let [node_x] = ops.parents;
-        let grad = grads.consume::<B>(&ops.node);
-        let (cos, sin, rotation, config) = ops.state;
-        // y = x cos + (x R) sin with R^T = -R and sin equal on both dimensions of a pair, so
-        // dx = g cos + (g sin) R^T = g cos + (g R)(-sin): the same rotation by the opposite angles.
-        if let Some(node) = node_x {
-            let dx = B::rope_rotate(grad, cos, B::float_neg(sin), rotation, &config);
-            grads.register::<B>(node.id, dx);
-        }
-    }
-}
-
-/// A kernel of two inputs whose backward step returns the gradients of both from the two inputs alone.
-#[derive(Debug, Clone, Copy)]
-enum PairKernel {
-    /// [`KernelBackend::swiglu`]: inputs (gate, up).
-    Swiglu,
-    /// [`KernelBackend::dense`] without its bias: inputs (x, weight). Its gradients come back in the inputs' own
-    /// layouts (burn's matmul of the transposed weight returns the weight's gradient transposed).
-    Dense,
-    /// [`KernelBackend::rms_norm`]: inputs (x, weight).
-    RmsNorm { eps: f64 },
-}
-
-impl PairKernel {
-    fn backward<B: KernelBackend>(
-        self,
-        a: FloatTensor<B>,
-        b: FloatTensor<B>,
-        grad: FloatTensor<B>,
-    ) -> (FloatTensor<B>, FloatTensor<B>) {
-        match self {
-            PairKernel::Swiglu => B::swiglu_backward(a, b, grad),
-            PairKernel::Dense => B::dense_backward(a, b, grad),
-            PairKernel::RmsNorm { eps } => B::rms_norm_backward(a, b, eps, grad),
-        }
-    }
-}
-
-/// The backward step of a [`PairKernel`]: parents are its two inputs.
-#[derive(Debug)]
-struct PairBackward;
-
-impl<B: KernelBackend> Backward<B, 2> for PairBackward {
-    /// The checkpointed inputs and the kernel.
-    type State = (NodeId, NodeId, PairKernel);
-
-    fn backward(
-        self,
-        ops: Ops<Self::State, 2>,
-        grads: &mut Gradients,
-        checkpointer: &mut Checkpointer,
-    ) {
-        let [node_a, node_b] = ops.parents;
-        let grad = grads.consume::<B>(&ops.node);
-        let (a_id, b_id, kernel) = ops.state;
-        let a: FloatTensor<B> = checkpointer.retrieve_node_output(a_id);
-        let b: FloatTensor<B> = checkpointer.retrieve_node_output(b_id);
-        let (d_a, d_b) = kernel.backward::<B>(a, b, grad);
-        for (node, grad) in [(node_a, d_a), (node_b, d_b)] {
-            if let Some(node) = node {
-                grads.register::<B>(node.id, grad);
-            }
-        }
-    }
-}
-
-/// `forward(a, b)` on the inner backend, recorded as one graph node whose backward step is `kernel`'s.
-fn pair_node<B: KernelBackend, C: CheckpointStrategy>(
-    a: FloatTensor<Autodiff<B, C>>,
-    b: FloatTensor<Autodiff<B, C>>,
-    kernel: PairKernel,
-    forward: impl FnOnce(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>,
-) -> FloatTensor<Autodiff<B, C>> {
-    match PairBackward
-        .prepare::<C>([a.node.clone(), b.node.clone()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(mut prep) => {
-            let a_id = prep.checkpoint(&a);
-            let b_id = prep.checkpoint(&b);
-            prep.finish((a_id, b_id, kernel), forward(a.primitive, b.primitive))
-        }
-        OpsKind::UnTracked(prep) => prep.finish(forward(a.primitive, b.primitive)),
-    }
-}
-
-/// The backward step of the cross-entropy loss: the parent is the logits.
-#[derive(Debug)]
-struct CrossEntropyBackward;
-
-impl<B: KernelBackend> Backward<B, 1> for CrossEntropyBackward {
-    /// Checkpointed logits, the targets and each row's log-sum-exp.
-    type State = (NodeId, IntTensor<B>, FloatTensor<B>);
-
-    fn backward(
-        self,
-        ops: Ops<Self::State, 1>,
-        grads: &mut Gradients,
-        checkpointer: &mut Checkpointer,
-    ) {
-        let [node_logits] = ops.parents;
-        let grad = grads.consume::<B>(&ops.node);
-        let (logits_id, targets, lse) = ops.state;
-        let logits: FloatTensor<B> = checkpointer.retrieve_node_output(logits_id);
-        if let Some(node) = node_logits {
-            let d_logits = B::cross_entropy_backward(logits, targets, lse, grad);
-            grads.register::<B>(node.id, d_logits);
-        }
-    }
-}
-
-impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
     fn dense(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
@@ -296,5 +167,132 @@ impl<B: KernelBackend, C: CheckpointStrategy> KernelBackend for Autodiff<B, C> {
 
     fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
         pair_node::<B, C>(gate, up, PairKernel::Swiglu, B::swiglu)
+    }
+}
+
+/// The backward step of RoPE: the parent is `x`; the tables and rotation are constants.
+#[derive(Debug)]
+struct RopeBackward;
+
+impl<B: EmberBackend> Backward<B, 1> for RopeBackward {
+    /// cos, sin, rotation, config.
+    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, RopeConfig);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 1>,
+        grads: &mut Gradients,
+        _checkpointer: &mut Checkpointer,
+    ) {
+        let [node_x] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (cos, sin, rotation, config) = ops.state;
+        // y = x cos + (x R) sin with R^T = -R and sin equal on both dimensions of a pair, so
+        // dx = g cos + (g sin) R^T = g cos + (g R)(-sin): the same rotation by the opposite angles.
+        if let Some(node) = node_x {
+            let dx = B::rope_rotate(grad, cos, B::float_neg(sin), rotation, &config);
+            grads.register::<B>(node.id, dx);
+        }
+    }
+}
+
+/// A kernel of two inputs whose backward step returns the gradients of both from the two inputs alone.
+#[derive(Debug, Clone, Copy)]
+enum PairKernel {
+    /// [`EmberBackend::swiglu`]: inputs (gate, up).
+    Swiglu,
+    /// [`EmberBackend::dense`] without its bias: inputs (x, weight). Its gradients come back in the inputs' own
+    /// layouts (burn's matmul of the transposed weight returns the weight's gradient transposed).
+    Dense,
+    /// [`EmberBackend::rms_norm`]: inputs (x, weight).
+    RmsNorm { eps: f64 },
+}
+
+impl PairKernel {
+    fn backward<B: EmberBackend>(
+        self,
+        a: FloatTensor<B>,
+        b: FloatTensor<B>,
+        grad: FloatTensor<B>,
+    ) -> (FloatTensor<B>, FloatTensor<B>) {
+        match self {
+            PairKernel::Swiglu => B::swiglu_backward(a, b, grad),
+            PairKernel::Dense => B::dense_backward(a, b, grad),
+            PairKernel::RmsNorm { eps } => B::rms_norm_backward(a, b, eps, grad),
+        }
+    }
+}
+
+/// The backward step of a [`PairKernel`]: parents are its two inputs.
+#[derive(Debug)]
+struct PairBackward;
+
+impl<B: EmberBackend> Backward<B, 2> for PairBackward {
+    /// The checkpointed inputs and the kernel.
+    type State = (NodeId, NodeId, PairKernel);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 2>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let [node_a, node_b] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (a_id, b_id, kernel) = ops.state;
+        let a: FloatTensor<B> = checkpointer.retrieve_node_output(a_id);
+        let b: FloatTensor<B> = checkpointer.retrieve_node_output(b_id);
+        let (d_a, d_b) = kernel.backward::<B>(a, b, grad);
+        for (node, grad) in [(node_a, d_a), (node_b, d_b)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+/// `forward(a, b)` on the inner backend, recorded as one graph node whose backward step is `kernel`'s.
+fn pair_node<B: EmberBackend, C: CheckpointStrategy>(
+    a: FloatTensor<Autodiff<B, C>>,
+    b: FloatTensor<Autodiff<B, C>>,
+    kernel: PairKernel,
+    forward: impl FnOnce(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>,
+) -> FloatTensor<Autodiff<B, C>> {
+    match PairBackward
+        .prepare::<C>([a.node.clone(), b.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(mut prep) => {
+            let a_id = prep.checkpoint(&a);
+            let b_id = prep.checkpoint(&b);
+            prep.finish((a_id, b_id, kernel), forward(a.primitive, b.primitive))
+        }
+        OpsKind::UnTracked(prep) => prep.finish(forward(a.primitive, b.primitive)),
+    }
+}
+
+/// The backward step of the cross-entropy loss: the parent is the logits.
+#[derive(Debug)]
+struct CrossEntropyBackward;
+
+impl<B: EmberBackend> Backward<B, 1> for CrossEntropyBackward {
+    /// Checkpointed logits, the targets and each row's log-sum-exp.
+    type State = (NodeId, IntTensor<B>, FloatTensor<B>);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 1>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let [node_logits] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (logits_id, targets, lse) = ops.state;
+        let logits: FloatTensor<B> = checkpointer.retrieve_node_output(logits_id);
+        if let Some(node) = node_logits {
+            let d_logits = B::cross_entropy_backward(logits, targets, lse, grad);
+            grads.register::<B>(node.id, d_logits);
+        }
     }
 }

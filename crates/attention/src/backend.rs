@@ -1,28 +1,129 @@
-//! The backend extension trait that lets a backend own the flash kernel (forward and backward) and RoPE.
+//! [`EmberBackend`]: the one backend trait of ember's kernels. Models, training and inference carry the bound
+//! `B: EmberBackend`; it reaches every kernel whether or not a function attends.
+//!
+//! Every method has a portable default in burn tensor ops (`src/portable.rs`, what wgpu, CUDA and ndarray run
+//! outside the flash forward); burn-flex overrides them with the native kernels of `src/cpu/`
+//! (`src/cpu/backend.rs`), wgpu and CUDA run the flash forward as a CubeCL kernel (`src/cube/`), and
+//! `Autodiff<B>` records one graph node per call whose backward step is the inner backend's `*_backward` method
+//! (`src/autodiff.rs`), so training keeps only each call's inputs instead of every intermediate.
 
 use burn::tensor::{
-    Tensor, TensorPrimitive,
     backend::Backend,
-    ops::{BoolTensor, FloatTensor},
+    ops::{BoolTensor, FloatTensor, IntTensor},
 };
 
-use crate::KernelBackend;
-use crate::flash::{FlashConfig, flash_backward, flash_forward};
+use crate::flash::FlashConfig;
+use crate::ops::CodeLayout;
+use crate::portable::*;
 use crate::rope::RopeConfig;
 
-/// A burn backend that can run ember's flash attention.
+/// A burn backend that runs ember's kernels: flash attention (forward and backward) and RoPE's rotation, the
+/// linear layer, RMSNorm, SwiGLU's gate `silu(gate) * up`, the mean cross-entropy of logits against targets, and
+/// products with quantized weights, each a single operation.
 ///
-/// Every method has a portable default written in tensor ops (`src/flash.rs`); a backend overrides them
-/// with a native kernel, and `Autodiff<B>` overrides [`flash_attention`](Self::flash_attention) to record a
-/// single backward step that calls [`flash_attention_backward`](Self::flash_attention_backward), so autodiff
-/// never stores the per-tile intermediates and training memory stays O(T).
-///
-/// Shapes: q `[batch, q_heads, q_len, head_dim]`, k `[batch, kv_heads, kv_len, head_dim]`,
-/// v `[batch, kv_heads, kv_len, v_dim]`, `key_padding` `[batch, kv_len]` (`true` = padding).
-///
-/// It extends [`KernelBackend`], so the one bound `B: AttentionBackend` carried by models, training and
-/// inference code reaches every ember kernel.
-pub trait AttentionBackend: KernelBackend {
+/// Flash attention shapes: q `[batch, q_heads, q_len, head_dim]`, k `[batch, kv_heads, kv_len, head_dim]`,
+/// v `[batch, kv_heads, kv_len, v_dim]`, `key_padding` `[batch, kv_len]` (`true` = padding). `Autodiff<B>`
+/// overrides [`flash_attention`](Self::flash_attention) to record a single backward step that calls
+/// [`flash_attention_backward`](Self::flash_attention_backward), so autodiff never stores the per-tile
+/// intermediates and training memory stays O(T).
+pub trait EmberBackend: Backend {
+    /// `silu(gate) * up` element-wise; `gate` and `up` have the same shape.
+    fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        portable_swiglu::<Self>(gate, up)
+    }
+
+    /// `(d_gate, d_up)` of [`swiglu`](Self::swiglu) from the gradient of its output: with `s = sigmoid(gate)`,
+    /// `d_up = grad * gate * s` and `d_gate = grad * up * s * (1 + gate * (1 - s))`.
+    fn swiglu_backward(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        portable_swiglu_backward::<Self>(gate, up, grad)
+    }
+
+    /// `x` `[rows, in]` times `weight` `[out, in]` transposed, plus `bias` `[out]`: a linear layer in PyTorch's
+    /// weight layout, differentiable on autodiff backends.
+    fn dense(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        portable_linear::<Self>(x, weight, bias)
+    }
+
+    /// `(d_x, d_weight)` of [`dense`](Self::dense) (without its bias) from the gradient `grad` `[rows, out]` of
+    /// its output: `d_x = grad · W` `[rows, in]` and `d_weight = gradᵀ · x` `[out, in]`.
+    fn dense_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        portable_dense_backward::<Self>(x, weight, grad)
+    }
+
+    /// RMSNorm of `x` over its last dimension, `x / sqrt(mean(x²) + eps) * weight`, with `weight` `[dim]`.
+    fn rms_norm(x: FloatTensor<Self>, weight: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
+        portable_rms_norm::<Self>(x, weight, eps)
+    }
+
+    /// `(d_x, d_weight)` of [`rms_norm`](Self::rms_norm) from the gradient `grad` of its output: with
+    /// `r = 1 / sqrt(mean(x²) + eps)` per row and `x̂ = x r`, `d_weight = Σ_rows grad ∘ x̂` and
+    /// `d_x = r (g - x̂ mean(g ∘ x̂))` where `g = grad ∘ weight`.
+    fn rms_norm_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        eps: f64,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        portable_rms_norm_backward::<Self>(x, weight, eps, grad)
+    }
+
+    /// Mean cross-entropy (nats) `[1]` of `logits` `[rows, vocab]` against `targets` `[rows]`,
+    /// differentiable on autodiff backends.
+    fn cross_entropy(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
+        Self::cross_entropy_forward(logits, targets).0
+    }
+
+    /// The mean loss `[1]` and each row's log-sum-exp `[rows]` (what the backward step needs).
+    fn cross_entropy_forward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        portable_cross_entropy::<Self>(logits, targets)
+    }
+
+    /// The gradient with respect to `logits` of the mean loss times `grad` (`[1]`):
+    /// `(softmax(row) - onehot(target)) * grad / rows`, with the softmax recomputed from `lse`.
+    fn cross_entropy_backward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        portable_cross_entropy_backward::<Self>(logits, targets, lse, grad)
+    }
+
+    /// `x` `[rows, in]` times a quantized weight `[out, in]` transposed, plus `bias` `[out]`, read straight from
+    /// its packed codes, or `None` where the backend has no such kernel for these inputs: the caller then
+    /// dequantizes the weight with tensor ops. Not differentiable (quantized weights are for inference).
+    ///
+    /// `codes` is `[out, row_bytes]` `u8`, `scales` and `mins` (asymmetric schemes) `[out, groups, 1]`; the
+    /// weight is `(c - zero) * scale` or `c * scale + min` ([`CodeLayout`]). burn-flex streams up to 16 rows (a
+    /// decode step) from the codes and multiplies more with gemm, a dequantized tile at a time; the default
+    /// declines.
+    fn quantized_dense(
+        x: FloatTensor<Self>,
+        codes: IntTensor<Self>,
+        scales: FloatTensor<Self>,
+        mins: Option<FloatTensor<Self>>,
+        bias: Option<FloatTensor<Self>>,
+        layout: CodeLayout,
+    ) -> Option<FloatTensor<Self>> {
+        let _ = (x, codes, scales, mins, bias, layout);
+        None
+    }
+
     /// Attention output `[batch, q_heads, q_len, v_dim]`, differentiable on autodiff backends.
     fn flash_attention(
         q: FloatTensor<Self>,
@@ -82,150 +183,7 @@ pub trait AttentionBackend: KernelBackend {
     }
 }
 
-/// [`AttentionBackend::flash_attention_forward`] in burn tensor ops ([`crate::flash`]).
-fn portable_flash_forward<B: Backend>(
-    q: FloatTensor<B>,
-    k: FloatTensor<B>,
-    v: FloatTensor<B>,
-    key_padding: Option<BoolTensor<B>>,
-    config: FlashConfig,
-) -> (FloatTensor<B>, FloatTensor<B>) {
-    let (output, lse) = flash_forward::<B>(
-        float(q),
-        float(k),
-        float(v),
-        key_padding.map(Tensor::from_primitive),
-        &config,
-    );
-    (
-        output.into_primitive().tensor(),
-        lse.into_primitive().tensor(),
-    )
-}
-
-/// [`AttentionBackend::flash_attention_backward`] in burn tensor ops ([`crate::flash`]).
-#[allow(clippy::too_many_arguments)]
-fn portable_flash_backward<B: Backend>(
-    q: FloatTensor<B>,
-    k: FloatTensor<B>,
-    v: FloatTensor<B>,
-    key_padding: Option<BoolTensor<B>>,
-    output: FloatTensor<B>,
-    lse: FloatTensor<B>,
-    grad_output: FloatTensor<B>,
-    config: FlashConfig,
-) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
-    let (dq, dk, dv) = flash_backward::<B>(
-        float(q),
-        float(k),
-        float(v),
-        key_padding.map(Tensor::from_primitive),
-        float(output),
-        float(lse),
-        float(grad_output),
-        &config,
-    );
-    (
-        dq.into_primitive().tensor(),
-        dk.into_primitive().tensor(),
-        dv.into_primitive().tensor(),
-    )
-}
-
-/// [`AttentionBackend::rope_rotate`] in burn tensor ops.
-pub(crate) fn portable_rope_rotate<B: Backend>(
-    x: FloatTensor<B>,
-    cos: FloatTensor<B>,
-    sin: FloatTensor<B>,
-    rotation: FloatTensor<B>,
-) -> FloatTensor<B> {
-    let x: Tensor<B, 4> = float(x);
-    let [batch, heads, seq, head_dim] = x.dims();
-    let dtype = x.dtype();
-    // Rows of `seq * head_dim`: a table shared by every batch row and head is then one contiguous row that
-    // burn-flex broadcasts with its SIMD path (a `[seq, head_dim]` table over `[batch, heads]` is not).
-    let span = seq * head_dim;
-    let table = |t: FloatTensor<B>| {
-        let t: Tensor<B, 4> = float(t);
-        let rows = t.dims()[0];
-        t.cast(dtype).reshape([rows, 1, span])
-    };
-    let (cos, sin) = (table(cos), table(sin));
-    let rotation: Tensor<B, 2> = float(rotation);
-    let rows = x.reshape([batch * heads * seq, head_dim]);
-    let turned = rows
-        .clone()
-        .matmul(rotation.cast(dtype))
-        .reshape([batch, heads, span]);
-    let rotated = rows.reshape([batch, heads, span]) * cos + turned * sin;
-    rotated
-        .reshape([batch, heads, seq, head_dim])
-        .into_primitive()
-        .tensor()
-}
-
-/// Wraps a float primitive as a tensor of rank `D`.
-fn float<B: Backend, const D: usize>(primitive: FloatTensor<B>) -> Tensor<B, D> {
-    Tensor::from_primitive(TensorPrimitive::Float(primitive))
-}
-
-/// burn-flex runs flash attention natively (`src/cpu/`) unless a key-padding mask is given (left-padded
-/// batches), and RoPE in one pass.
-impl AttentionBackend for burn::backend::Flex {
-    fn flash_attention_forward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        key_padding: Option<BoolTensor<Self>>,
-        config: FlashConfig,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        key_padding
-            .is_none()
-            .then(|| crate::cpu::flash_forward(&q, &k, &v, &config.mask, config.scale))
-            .flatten()
-            .unwrap_or_else(|| portable_flash_forward::<Self>(q, k, v, key_padding, config))
-    }
-
-    fn flash_attention_backward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        key_padding: Option<BoolTensor<Self>>,
-        output: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        grad_output: FloatTensor<Self>,
-        config: FlashConfig,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let native = key_padding.is_none().then(|| {
-            crate::cpu::flash_backward(
-                &q,
-                &k,
-                &v,
-                &output,
-                &lse,
-                &grad_output,
-                &config.mask,
-                config.scale,
-            )
-        });
-        native.flatten().unwrap_or_else(|| {
-            portable_flash_backward::<Self>(q, k, v, key_padding, output, lse, grad_output, config)
-        })
-    }
-
-    fn rope_rotate(
-        x: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
-        rotation: FloatTensor<Self>,
-        config: &RopeConfig,
-    ) -> FloatTensor<Self> {
-        crate::cpu::rope_rotate(&x, &cos, &sin, config)
-            .unwrap_or_else(|| portable_rope_rotate::<Self>(x, cos, sin, rotation))
-    }
-}
-
 #[cfg(feature = "ndarray")]
-impl AttentionBackend for burn::backend::NdArray {}
+impl EmberBackend for burn::backend::NdArray {}
 
-// wgpu and CUDA (`Fusion<CubeBackend<..>>`) run the forward as ember's CubeCL kernel: see `crate::cube`.
+// wgpu and CUDA (`Fusion<CubeBackend<..>>`) run the flash forward as ember's CubeCL kernel: see `crate::cube`.

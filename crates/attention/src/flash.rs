@@ -28,7 +28,7 @@ impl Default for FlashBlocks {
     }
 }
 
-/// The non-tensor inputs of one flash-attention call, as [`crate::AttentionBackend`] receives them.
+/// The non-tensor inputs of one flash-attention call, as [`crate::EmberBackend`] receives them.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct FlashConfig {
     /// Causal / offset / window rules.

@@ -8,7 +8,7 @@ use burn::tensor::{Tensor, TensorPrimitive};
 use crate::flash::{FlashBlocks, FlashConfig};
 use crate::fused::fused_attention;
 use crate::manual::manual_attention;
-use crate::{AttentionBackend, AttentionError, AttentionOptions};
+use crate::{AttentionError, AttentionOptions, EmberBackend};
 
 /// Which implementation computes attention. All three agree to float tolerance (see the crate's tests).
 #[derive(
@@ -66,7 +66,7 @@ impl FromStr for AttentionKernel {
 /// # Panics
 /// If the shapes are inconsistent (see [`check_shapes`]): they come from the model's own configuration, so
 /// a mismatch is a bug in the caller, like a mismatched matmul. Call [`check_shapes`] first to get an error.
-pub fn attention<B: AttentionBackend>(
+pub fn attention<B: EmberBackend>(
     kernel: AttentionKernel,
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
@@ -84,11 +84,11 @@ pub fn attention<B: AttentionBackend>(
 }
 
 /// The flash kernel with explicit tile sizes (for tuning and for tests that need many partial tiles).
-/// Dispatches to [`AttentionBackend::flash_attention`], so on `Autodiff<B>` it records the flash backward.
+/// Dispatches to [`EmberBackend::flash_attention`], so on `Autodiff<B>` it records the flash backward.
 ///
 /// # Panics
 /// As [`attention`].
-pub fn flash_attention<B: AttentionBackend>(
+pub fn flash_attention<B: EmberBackend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
@@ -114,7 +114,7 @@ pub fn flash_attention<B: AttentionBackend>(
 }
 
 /// Checks that q, k, v and the padding mask have shapes [`attention`] accepts.
-pub fn check_shapes<B: AttentionBackend>(
+pub fn check_shapes<B: EmberBackend>(
     q: &Tensor<B, 4>,
     k: &Tensor<B, 4>,
     v: &Tensor<B, 4>,

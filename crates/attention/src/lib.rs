@@ -1,5 +1,7 @@
-//! Attention for ember: grouped-query attention behind three interchangeable kernels, rotary position
-//! embeddings and a KV cache. Everything is generic over a burn backend.
+//! ember's kernel layer: grouped-query attention behind three interchangeable kernels, rotary position
+//! embeddings and a KV cache, and the one backend trait, [`EmberBackend`], through which every ember kernel runs
+//! (attention and the dense, norm, SwiGLU, loss and quantized kernels the model is built from). Everything is
+//! generic over a burn backend.
 //!
 //! # API
 //! - [`attention`]`(kernel, q, k, v, &options)`: q `[batch, q_heads, q_len, head_dim]`, k/v
@@ -8,11 +10,11 @@
 //!   key padding mask `[batch, kv_len]` (`true` = padding) and softmax scale.
 //! - [`AttentionKernel`]: `manual` (reference, O(T²) memory), `fused` (burn's op), `flash` (tiled online
 //!   softmax with its own recomputing backward, O(T) memory). Parses from and displays as those names.
-//! - [`AttentionBackend`]: the backend bound of every model, training and inference function. Implemented
-//!   for `Flex` (always), `NdArray`, `Wgpu`, `Cuda` (crate features of the same names) and `Autodiff<B>`.
-//!   It owns the flash kernel and RoPE's rotation, and extends [`KernelBackend`] (SwiGLU's gate and the
-//!   cross-entropy loss, see [`swiglu`] and [`cross_entropy`]); burn-flex runs RoPE, SwiGLU and the loss as
-//!   native one-pass kernels.
+//! - [`EmberBackend`]: the one backend bound of every model, training and inference function, holding all of
+//!   ember's kernels: flash attention and RoPE's rotation, and the linear layer, RMSNorm, SwiGLU's gate, the
+//!   cross-entropy loss and quantized products ([`linear`], [`rms_norm`], [`swiglu`], [`cross_entropy`]).
+//!   Implemented for `Flex` (always; native one-pass kernels in `src/cpu/`), `NdArray`, `Wgpu`, `Cuda` (crate
+//!   features of the same names) and `Autodiff<B>`.
 //! - [`Rope`] / [`RopeConfig`]: rotate-half or interleaved layout, partial rotary dimension, theta, and
 //!   linear / LLaMA 3 / dynamic NTK scaling, with cos/sin tables cached on the device.
 //! - [`KvCache`] and [`ContiguousKvCache`]: per-layer append returning everything cached so far.
@@ -51,19 +53,20 @@ mod error;
 mod flash;
 mod fused;
 mod kernel;
-mod kernels;
 mod kv_cache;
 mod manual;
 mod mask;
+mod ops;
 mod options;
+mod portable;
 mod rope;
 
-pub use backend::AttentionBackend;
+pub use backend::EmberBackend;
 pub use cpu::{kernel_threads, with_kernel_threads};
 pub use error::AttentionError;
 pub use flash::{FlashBlocks, FlashConfig, flash_backward, flash_forward};
 pub use kernel::{AttentionKernel, attention, check_shapes, flash_attention};
-pub use kernels::{CodeLayout, KernelBackend, cross_entropy, linear, rms_norm, swiglu};
 pub use kv_cache::{ContiguousKvCache, KvCache};
+pub use ops::{CodeLayout, cross_entropy, linear, rms_norm, swiglu};
 pub use options::{AttentionOptions, MaskSpec};
 pub use rope::{Rope, RopeCache, RopeConfig, RopeLayout, RopeScaling};

@@ -11,7 +11,7 @@ mod common;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{DType, FloatDType, Tensor};
 use common::{Case, assert_close, max_abs_diff, random_inputs, reference, tensor, to_vec};
-use ember_attention::{AttentionBackend, AttentionKernel, attention};
+use ember_attention::{AttentionKernel, EmberBackend, attention};
 
 /// Allowed error `atol + rtol * |expected|`, as (atol, rtol), of outputs and of gradients.
 #[derive(Clone, Copy)]
@@ -60,7 +60,7 @@ fn half(dtype: FloatDType) -> Tolerance {
 
 /// Runs `case` on `B` with q, k, v and the output gradient in `dtype` and checks the output and the gradients
 /// of q, k and v, printing the largest error of each (`--nocapture`) to show how tight the tolerance is.
-fn check_as<B: AutodiffBackend + AttentionBackend>(
+fn check_as<B: AutodiffBackend + EmberBackend>(
     case: Case,
     seed: u64,
     dtype: FloatDType,

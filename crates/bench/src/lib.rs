@@ -8,7 +8,7 @@
 //!
 //! The generation bench ([`bench_generation`]) times any [`GenerationWorkload`]: prefill (time to first token),
 //! then decode steps (latency distribution and throughput). [`LmWorkload`] drives any ember-inference
-//! [`ember_inference::LanguageModel`] that way, and [`bench_model`] does it for ember's transformer. [`suites`]
+//! [`ember_inference::Decoder`] that way, and [`bench_model`] does it for ember's transformer. [`suites`]
 //! holds the attention-kernel, tokenizer and training benches.
 
 mod compare;

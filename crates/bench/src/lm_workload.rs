@@ -1,17 +1,17 @@
-//! [`GenerationWorkload`] over ember-inference's [`LanguageModel`]: the same incremental steps `ember generate`
+//! [`GenerationWorkload`] over ember-inference's [`Decoder`]: the same incremental steps `ember generate`
 //! runs (prefill over a fresh KV cache, then one token per row per step), with the same sampler.
 
-use ember_inference::LanguageModel;
+use ember_inference::Decoder;
 use ember_inference::sampling::{Sampler, SamplingConfig};
 
 use crate::BenchError;
 use crate::generation::GenerationWorkload;
 
-/// Generation of `batch` copies of one prompt on a [`LanguageModel`], sampling with ember-inference's [`Sampler`].
+/// Generation of `batch` copies of one prompt on a [`Decoder`], sampling with ember-inference's [`Sampler`].
 ///
 /// Every row gets the same prompt, so the batch has no padding and every row does the same work; rows still
 /// sample independently from their own logits.
-pub struct LmWorkload<'m, M: LanguageModel> {
+pub struct LmWorkload<'m, M: Decoder> {
     model: &'m M,
     batch: usize,
     prompt: Vec<u32>,
@@ -22,7 +22,7 @@ pub struct LmWorkload<'m, M: LanguageModel> {
     histories: Vec<Vec<u32>>,
 }
 
-impl<'m, M: LanguageModel> LmWorkload<'m, M> {
+impl<'m, M: Decoder> LmWorkload<'m, M> {
     /// A workload generating up to `gen_len` tokens after `prompt` for `batch` rows. Errors when the prompt is
     /// empty or prompt plus generated tokens exceed the model's context window.
     pub fn new(
@@ -85,7 +85,7 @@ fn model_error(e: ember_inference::InferenceError) -> BenchError {
     BenchError::Workload(e.to_string())
 }
 
-impl<M: LanguageModel> GenerationWorkload for LmWorkload<'_, M> {
+impl<M: Decoder> GenerationWorkload for LmWorkload<'_, M> {
     fn prefill(&mut self) -> Result<(), BenchError> {
         // A fresh sampler per generation: every run samples the same sequence, so runs do the same work.
         self.sampler = Sampler::new(&self.sampling);
@@ -149,7 +149,7 @@ mod tests {
         calls: RefCell<Vec<(usize, usize)>>,
     }
 
-    impl LanguageModel for Counter {
+    impl Decoder for Counter {
         type State = usize;
         fn context_length(&self) -> usize {
             32

@@ -3,7 +3,7 @@
 
 use ember_inference::sampling::SamplingConfig;
 use ember_inference::{KvCacheKind, TransformerLm};
-use ember_model::{AttentionBackend, Transformer};
+use ember_model::{EmberBackend, Transformer};
 
 use crate::BenchError;
 use crate::device_memory::DeviceMemoryProbe;
@@ -19,7 +19,7 @@ use crate::timing::Clock;
 /// step, as it is in `ember generate --temperature 0`. `name` labels the model in the report; `dtype` is the
 /// precision the weights run in; `settings.kv_cache` names the cache ([`KvCacheKind`]'s text form);
 /// `device_memory` reads the device's allocator on GPU backends.
-pub fn bench_model<B: AttentionBackend>(
+pub fn bench_model<B: EmberBackend>(
     model: Transformer<B>,
     device: B::Device,
     name: String,

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use ember_model::gguf::{self, GgufFile};
 use ember_model::weights::Progress;
-use ember_model::{AttentionBackend, ModelDir, ModelSpec, Quantization, Transformer};
+use ember_model::{EmberBackend, ModelDir, ModelSpec, Quantization, Transformer};
 use ember_tokenizer::Tokenizer;
 
 use crate::chat::ChatTemplate;
@@ -21,7 +21,7 @@ pub enum WeightsFile {
 
 /// How a model's weights are held once loaded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Precision {
+pub enum WeightFormat {
     /// Every weight in f32 (GGUF blocks dequantized).
     F32,
     /// Quantized by ember after loading (see [`Quantization`]).
@@ -30,14 +30,14 @@ pub enum Precision {
     Stored,
 }
 
-impl Precision {
+impl WeightFormat {
     /// A short label for reports: `f32`, the scheme (`int4-g32`, with `+emb` / `,f32-head` when those
     /// differ from the defaults), or `gguf`.
     pub fn label(&self) -> String {
         match self {
-            Precision::F32 => "f32".to_string(),
-            Precision::Stored => "gguf".to_string(),
-            Precision::Quantized(q) => {
+            WeightFormat::F32 => "f32".to_string(),
+            WeightFormat::Stored => "gguf".to_string(),
+            WeightFormat::Quantized(q) => {
                 let mut label = q.scheme.to_string();
                 if q.embeddings {
                     label.push_str("+emb");
@@ -141,29 +141,29 @@ impl ModelAssets {
     }
 
     /// Loads the weights onto `device` in f32 (dequantizing GGUF tensors).
-    pub fn load<B: AttentionBackend>(
+    pub fn load<B: EmberBackend>(
         &self,
         device: &B::Device,
         progress: Option<Progress<'_>>,
     ) -> Result<Transformer<B>, InferenceError> {
-        self.load_as(device, progress, &Precision::F32)
+        self.load_as(device, progress, &WeightFormat::F32)
     }
 
     /// Loads the weights onto `device` held as `precision` says. A directory written by
     /// [`ember_model::save_quantized`] always loads its quantized matrices as stored (there are no f32 weights to
     /// return to); a scheme then quantizes only what is still dense.
-    pub fn load_as<B: AttentionBackend>(
+    pub fn load_as<B: EmberBackend>(
         &self,
         device: &B::Device,
         progress: Option<Progress<'_>>,
-        precision: &Precision,
+        precision: &WeightFormat,
     ) -> Result<Transformer<B>, InferenceError> {
         let err = |e: ember_model::ModelError| load_error(&self.path, e);
         match (&self.weights, precision) {
-            (WeightsFile::Gguf(file), Precision::Stored) => {
+            (WeightsFile::Gguf(file), WeightFormat::Stored) => {
                 gguf::llama::load_quantized(file, device, progress).map_err(err)
             }
-            (WeightsFile::Dir(dir), Precision::Stored) if !dir.is_quantized() => Err(load_error(
+            (WeightsFile::Dir(dir), WeightFormat::Stored) if !dir.is_quantized() => Err(load_error(
                 &self.path,
                 "keeping the stored quantization needs a GGUF file or a directory written by `ember quantize`; \
                  this directory holds dense weights (quantize them with a scheme such as int8 or int4 instead)",
@@ -175,8 +175,8 @@ impl ModelAssets {
                 .map_err(err),
         }
         .and_then(|model| match precision {
-            Precision::Quantized(q) => model.quantize(q).map_err(err),
-            Precision::F32 | Precision::Stored => Ok(model),
+            WeightFormat::Quantized(q) => model.quantize(q).map_err(err),
+            WeightFormat::F32 | WeightFormat::Stored => Ok(model),
         })
     }
 }

@@ -4,11 +4,11 @@ use ember_tokenizer::Tokenizer;
 
 use crate::error::InferenceError;
 use crate::generate::{Generation, GenerationConfig, run};
-use crate::model::LanguageModel;
+use crate::model::Decoder;
 use crate::sampling::{Sampler, SamplingConfig};
 
 /// One sequence (batch of one) whose cache grows turn by turn.
-pub struct Conversation<M: LanguageModel> {
+pub struct Conversation<M: Decoder> {
     state: M::State,
     /// Every token of the conversation so far, for penalties.
     history: Vec<u32>,
@@ -17,7 +17,7 @@ pub struct Conversation<M: LanguageModel> {
     sampler: Sampler,
 }
 
-impl<M: LanguageModel> Conversation<M> {
+impl<M: Decoder> Conversation<M> {
     /// An empty conversation sampling with `sampling` (one random stream across all turns).
     pub fn new(model: &M, sampling: &SamplingConfig) -> Result<Self, InferenceError> {
         Ok(Self {
@@ -73,9 +73,7 @@ impl<M: LanguageModel> Conversation<M> {
             config,
             &mut |_, p| on_text(p),
         )?;
-        let mut generation = out
-            .pop()
-            .ok_or_else(|| InferenceError::Model("no row returned".to_string()))?;
+        let mut generation = out.pop().ok_or(InferenceError::NoOutput)?;
         self.history.extend_from_slice(&generation.ids);
         self.pending = generation.ids.last().copied();
         generation.prompt_ids = tokens.to_vec();

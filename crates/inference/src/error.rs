@@ -1,5 +1,7 @@
 //! Errors of generation.
 
+use ember_model::ModelError;
+
 /// Why text could not be generated.
 #[derive(Debug, thiserror::Error)]
 pub enum InferenceError {
@@ -22,12 +24,34 @@ pub enum InferenceError {
         /// Index of the prompt in the batch.
         row: usize,
     },
-    /// The model failed (shape or backend error), with its message.
+    /// The model refused the input or failed: a token id outside the vocabulary, a sequence past the context
+    /// window, a shape or backend error. Match the inner [`ModelError`] for the kind.
     #[error("model: {0}")]
-    Model(String),
-    /// The KV cache could not hold the batch (a paged pool out of budget), with its message.
+    Model(#[from] ModelError),
+    /// The KV cache could not hold the batch (a paged pool out of budget); the source is the pool's
+    /// [`ember_optimization::PoolError`], or the attention layer's error when the pool filled up mid-forward.
     #[error("{0}")]
-    KvCache(String),
+    KvCache(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A perplexity window outside what the model can score.
+    #[error(
+        "perplexity window of {window} tokens: expected 2 to the model's context length {context_length}"
+    )]
+    InvalidWindow {
+        /// The window asked for.
+        window: usize,
+        /// The model's context window.
+        context_length: usize,
+    },
+    /// A batch handed to the model breaks the calling convention (a row to keep that does not exist, padding
+    /// after a row's tokens in a paged cache).
+    #[error("invalid batch: {0}")]
+    InvalidBatch(String),
+    /// The backend could not hand results back.
+    #[error("backend: {0}")]
+    Backend(String),
+    /// Generation returned no row for a prompt it was given (a bug, reported instead of a panic).
+    #[error("generation returned no output for the conversation")]
+    NoOutput,
     /// The tokenizer could not decode a generated id.
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] ember_tokenizer::TokenizerError),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use ember_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::error::InferenceError;
-use crate::model::LanguageModel;
+use crate::model::Decoder;
 use crate::sampling::{Sampler, SamplingConfig};
 use crate::stop::StopMatcher;
 
@@ -104,7 +104,7 @@ impl Generation {
 
 /// Generates a continuation of every prompt in one batch. `on_text(row, piece)` receives each row's text as soon
 /// as it is final: complete UTF-8 characters that cannot be the start of a stop string.
-pub fn generate<M: LanguageModel>(
+pub fn generate<M: Decoder>(
     model: &M,
     tokenizer: Option<&Tokenizer>,
     prompts: &[Vec<u32>],
@@ -239,7 +239,7 @@ impl Row<'_> {
 /// The loop shared by batch generation and conversations: `feed` (per row) is run over `state`, then tokens are
 /// sampled until every row is finished. `histories` (what penalties look at) already include `feed`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn run<M: LanguageModel>(
+pub(crate) fn run<M: Decoder>(
     model: &M,
     state: &mut M::State,
     feed: Vec<Vec<u32>>,

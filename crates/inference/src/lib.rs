@@ -6,7 +6,7 @@
 //! - [`ModelAssets`]: a GGUF file or model directory opened with its tokenizer, template and EOS ids.
 //! - [`ChatTemplate`]: chat prompts from a model's Jinja template.
 //! - [`perplexity()`]: windowed loss, perplexity and bits per byte of held-out text.
-//! - [`LanguageModel`]: what generation needs from a model; [`TransformerLm`] implements it for ember's
+//! - [`Decoder`]: what generation needs from a model; [`TransformerLm`] implements it for ember's
 //!   transformer.
 
 mod assets;
@@ -20,12 +20,12 @@ pub mod sampling;
 mod stop;
 mod transformer_lm;
 
-pub use assets::{ModelAssets, Precision, WeightsFile};
+pub use assets::{ModelAssets, WeightFormat, WeightsFile};
 pub use chat::{ChatTemplate, Message};
 pub use conversation::Conversation;
 pub use error::InferenceError;
 pub use generate::{FinishReason, Generation, GenerationConfig, generate};
-pub use model::LanguageModel;
+pub use model::Decoder;
 pub use perplexity::{Perplexity, perplexity};
 pub use stop::{StopMatcher, StopStep};
 pub use transformer_lm::{KvCacheKind, TransformerLm, TransformerState};

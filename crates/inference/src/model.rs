@@ -3,11 +3,11 @@
 
 use crate::error::InferenceError;
 
-/// A causal language model that runs incrementally over a batch, its KV cache kept in [`LanguageModel::State`].
+/// A causal language model that runs incrementally over a batch, its KV cache kept in [`Decoder::State`].
 ///
 /// Rows may be left-padded: a padded position is never attended to, so a row's logits do not depend on how much
 /// padding precedes it.
-pub trait LanguageModel {
+pub trait Decoder {
     /// The per-batch cache (keys and values of every position run so far, and which of them are padding).
     type State;
 

@@ -2,7 +2,7 @@
 
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
-use ember_model::{AttentionBackend, Transformer};
+use ember_model::{EmberBackend, Transformer};
 
 use crate::error::InferenceError;
 
@@ -36,7 +36,7 @@ impl Perplexity {
 /// context), `batch` windows per forward pass. Within each window every token but the first is predicted from
 /// the ones before it, so `ids.len() - windows` tokens are scored; a last window shorter than 2 tokens is
 /// dropped. `on_progress(done, total)` is called after each batch of windows.
-pub fn perplexity<B: AttentionBackend>(
+pub fn perplexity<B: EmberBackend>(
     model: &Transformer<B>,
     ids: &[u32],
     window: usize,
@@ -45,13 +45,12 @@ pub fn perplexity<B: AttentionBackend>(
 ) -> Result<Perplexity, InferenceError> {
     let context = model.spec().context_length;
     if window < 2 || window > context {
-        return Err(InferenceError::Model(format!(
-            "perplexity window of {window} tokens: expected 2 to the model's context length {context}"
-        )));
+        return Err(InferenceError::InvalidWindow {
+            window,
+            context_length: context,
+        });
     }
-    model
-        .check_tokens(ids)
-        .map_err(|e| InferenceError::Model(e.to_string()))?;
+    model.check_tokens(ids)?;
     let device = model.device();
     let windows: Vec<&[u32]> = ids.chunks(window).filter(|w| w.len() >= 2).collect();
     let mut total = Perplexity {
@@ -71,9 +70,7 @@ pub fn perplexity<B: AttentionBackend>(
                 Tensor::<B, 2, Int>::from_data(TensorData::new(data, [rows.len(), len]), &device);
             let inputs = tokens.clone().narrow(1, 0, len - 1);
             let targets = tokens.narrow(1, 1, len - 1);
-            let logits = model
-                .forward(inputs)
-                .map_err(|e| InferenceError::Model(e.to_string()))?;
+            let logits = model.forward(inputs)?;
             let log_probs = log_softmax(logits, 2);
             let picked = log_probs.gather(2, targets.unsqueeze_dim::<3>(2));
             let nll: f64 = picked.sum().neg().into_scalar().elem();

@@ -1,13 +1,13 @@
-//! [`LanguageModel`] for ember's [`Transformer`]: per-row positions and a key padding mask for left-padded
+//! [`Decoder`] for ember's [`Transformer`]: per-row positions and a key padding mask for left-padded
 //! batches, over a contiguous KV cache or the paged block pool.
 
 use burn::tensor::{Bool, Int, Tensor, TensorData};
 use ember_attention::{AttentionError, ContiguousKvCache, KvCache};
-use ember_model::{AttentionBackend, ModelError, Step, Transformer};
+use ember_model::{EmberBackend, ModelError, Step, Transformer};
 use ember_optimization::{PagedKvConfig, PagedKvPool, SeqId};
 
 use crate::error::InferenceError;
-use crate::model::LanguageModel;
+use crate::model::Decoder;
 
 /// Where a batch keeps its keys and values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -82,7 +82,7 @@ impl std::str::FromStr for KvCacheKind {
 
 /// A [`Transformer`] on a device, run step by step.
 #[derive(Debug)]
-pub struct TransformerLm<B: AttentionBackend> {
+pub struct TransformerLm<B: EmberBackend> {
     model: Transformer<B>,
     device: B::Device,
     cache: KvCacheKind,
@@ -91,13 +91,13 @@ pub struct TransformerLm<B: AttentionBackend> {
 /// The cache of a batch: keys and values of every layer and each row's next position (its count of real tokens,
 /// so padding does not shift a row's positions).
 #[derive(Debug)]
-pub struct TransformerState<B: AttentionBackend> {
+pub struct TransformerState<B: EmberBackend> {
     cache: Cache<B>,
     next_position: Vec<i64>,
 }
 
 #[derive(Debug)]
-enum Cache<B: AttentionBackend> {
+enum Cache<B: EmberBackend> {
     Contiguous {
         cache: ContiguousKvCache<B>,
         /// `[batch][positions]`, `true` = padding.
@@ -110,7 +110,7 @@ enum Cache<B: AttentionBackend> {
     },
 }
 
-impl<B: AttentionBackend> TransformerLm<B> {
+impl<B: EmberBackend> TransformerLm<B> {
     /// Wraps `model`, whose parameters live on `device`, with a contiguous KV cache.
     pub fn new(model: Transformer<B>, device: B::Device) -> Self {
         Self {
@@ -149,31 +149,31 @@ impl<B: AttentionBackend> TransformerLm<B> {
         let elem_bytes = PagedKvPool::<B>::elem_bytes(&self.device);
         let contiguous_worst = batch.max(1) * spec.context_length * config.token_bytes(elem_bytes);
         let config = config.with_budget_bytes(budget_bytes.unwrap_or(contiguous_worst));
-        PagedKvPool::new(config, &self.device).map_err(|e| InferenceError::KvCache(e.to_string()))
+        PagedKvPool::new(config, &self.device).map_err(kv_cache_error)
     }
 }
 
-fn model_error(e: impl std::fmt::Display) -> InferenceError {
-    InferenceError::Model(e.to_string())
+fn kv_cache_error(e: impl std::error::Error + Send + Sync + 'static) -> InferenceError {
+    InferenceError::KvCache(Box::new(e))
 }
 
 /// A model failure, with a KV cache that could not hold the batch (a paged pool out of budget) reported as such.
 fn forward_error(e: ModelError) -> InferenceError {
     match e {
-        ModelError::Attention(AttentionError::Cache(message)) => InferenceError::KvCache(message),
-        other => model_error(other),
+        ModelError::Attention(cache @ AttentionError::Cache(_)) => kv_cache_error(cache),
+        other => InferenceError::Model(other),
     }
 }
 
 /// The batch's token ids as a device tensor.
-fn token_tensor<B: AttentionBackend>(tokens: &[Vec<u32>], device: &B::Device) -> Tensor<B, 2, Int> {
+fn token_tensor<B: EmberBackend>(tokens: &[Vec<u32>], device: &B::Device) -> Tensor<B, 2, Int> {
     let batch = tokens.len();
     let seq = tokens.first().map_or(0, Vec::len);
     let ids: Vec<i64> = tokens.iter().flatten().map(|&t| i64::from(t)).collect();
     Tensor::from_data(TensorData::new(ids, [batch, seq]), device)
 }
 
-impl<B: AttentionBackend> LanguageModel for TransformerLm<B> {
+impl<B: EmberBackend> Decoder for TransformerLm<B> {
     type State = TransformerState<B>;
 
     fn context_length(&self) -> usize {
@@ -215,7 +215,7 @@ impl<B: AttentionBackend> LanguageModel for TransformerLm<B> {
         padding: &[Vec<bool>],
     ) -> Result<Vec<Vec<f32>>, InferenceError> {
         let flat: Vec<u32> = tokens.iter().flatten().copied().collect();
-        self.model.check_tokens(&flat).map_err(model_error)?;
+        self.model.check_tokens(&flat)?;
         let ids = token_tensor::<B>(tokens, &self.device);
         let logits = match &mut state.cache {
             Cache::Contiguous {
@@ -245,21 +245,23 @@ impl<B: AttentionBackend> LanguageModel for TransformerLm<B> {
             .into_data()
             .convert::<f32>()
             .into_vec()
-            .map_err(|e| model_error(format!("{e:?}")))?;
+            .map_err(|e| InferenceError::Backend(format!("reading the logits back: {e:?}")))?;
         Ok(last.chunks(vocab).map(<[f32]>::to_vec).collect())
     }
 
     fn retain_rows(&self, state: &mut Self::State, rows: &[usize]) -> Result<(), InferenceError> {
         let batch = state.next_position.len();
         if let Some(&row) = rows.iter().find(|&&row| row >= batch) {
-            return Err(model_error(format!(
+            return Err(InferenceError::InvalidBatch(format!(
                 "cannot keep row {row} of a batch of {batch}"
             )));
         }
         let keep = |row: usize| rows.contains(&row);
         match &mut state.cache {
             Cache::Contiguous { cache, padding } => {
-                cache.retain_rows(rows).map_err(model_error)?;
+                cache
+                    .retain_rows(rows)
+                    .map_err(|e| InferenceError::Model(e.into()))?;
                 *padding = rows
                     .iter()
                     .map(|&r| std::mem::take(&mut padding[r]))
@@ -268,8 +270,7 @@ impl<B: AttentionBackend> LanguageModel for TransformerLm<B> {
             Cache::Paged { pool, seqs } => {
                 for (row, &seq) in seqs.iter().enumerate() {
                     if !keep(row) {
-                        pool.free_sequence(seq)
-                            .map_err(|e| InferenceError::KvCache(e.to_string()))?;
+                        pool.free_sequence(seq).map_err(kv_cache_error)?;
                     }
                 }
                 *seqs = rows.iter().map(|&r| seqs[r]).collect();
@@ -288,7 +289,7 @@ impl<B: AttentionBackend> LanguageModel for TransformerLm<B> {
 }
 
 /// One step over the contiguous cache: every row holds the same number of positions, padding included.
-fn step_contiguous<B: AttentionBackend>(
+fn step_contiguous<B: EmberBackend>(
     model: &Transformer<B>,
     device: &B::Device,
     cache: &mut ContiguousKvCache<B>,
@@ -337,7 +338,7 @@ fn step_contiguous<B: AttentionBackend>(
 /// One step over the paged pool: each row stores only its real tokens, so rows hold different numbers of
 /// positions. The pool's view right-aligns them on a common axis of `longest + seq` positions; each row's leading
 /// gap is masked as key padding.
-fn step_paged<B: AttentionBackend>(
+fn step_paged<B: EmberBackend>(
     model: &Transformer<B>,
     device: &B::Device,
     pool: &mut PagedKvPool<B>,
@@ -351,7 +352,7 @@ fn step_paged<B: AttentionBackend>(
     for (b, row_pad) in padding.iter().enumerate() {
         let leading = row_pad.iter().take_while(|&&p| p).count();
         if row_pad[leading..].iter().any(|&p| p) {
-            return Err(model_error(format!(
+            return Err(InferenceError::InvalidBatch(format!(
                 "row {b}: the paged KV cache takes padding only before a row's tokens (left padding)"
             )));
         }
@@ -380,7 +381,7 @@ fn step_paged<B: AttentionBackend>(
         .then(|| Tensor::<B, 2, Bool>::from_data(TensorData::new(mask, [batch, width]), device));
     let mut view = pool
         .cache(seqs.to_vec())
-        .map_err(|e| InferenceError::KvCache(e.to_string()))?
+        .map_err(kv_cache_error)?
         .with_leading_padding(skip);
     let step = Step {
         cache: Some(&mut view as &mut dyn KvCache<B>),

@@ -3,7 +3,7 @@
 
 use ember_inference::sampling::SamplingConfig;
 use ember_inference::{
-    Conversation, FinishReason, GenerationConfig, InferenceError, LanguageModel, generate,
+    Conversation, Decoder, FinishReason, GenerationConfig, InferenceError, generate,
 };
 use ember_tokenizer::{GgufVocab, Tokenizer, byte_level};
 
@@ -36,7 +36,7 @@ impl Toy {
     }
 }
 
-impl LanguageModel for Toy {
+impl Decoder for Toy {
     type State = ToyState;
 
     fn context_length(&self) -> usize {

@@ -7,7 +7,7 @@ use burn::backend::Flex;
 use common::{assert_close, full_logits, tiny};
 use ember_inference::sampling::SamplingConfig;
 use ember_inference::{
-    GenerationConfig, InferenceError, KvCacheKind, LanguageModel, TransformerLm, generate,
+    Decoder, GenerationConfig, InferenceError, KvCacheKind, TransformerLm, generate,
 };
 
 /// 2 layers, 2 KV heads of 8 dimensions: one cached position is 2 x 2 x (8 + 8) f32 = 256 bytes.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use burn::backend::Flex;
 use ember_inference::sampling::SamplingConfig;
 use ember_inference::{
-    GenerationConfig, LanguageModel, Message, ModelAssets, Precision, TransformerLm, generate,
+    Decoder, GenerationConfig, Message, ModelAssets, TransformerLm, WeightFormat, generate,
 };
 use ember_model::gguf::GgufFile;
 use ember_model::nn::Embedding;
@@ -127,7 +127,7 @@ fn smollm2_keeps_its_gguf_quantization_with_the_same_answers() {
     let assets = ModelAssets::open(&path).unwrap();
     let device = Default::default();
     let model = assets
-        .load_as::<Flex>(&device, None, &Precision::Stored)
+        .load_as::<Flex>(&device, None, &WeightFormat::Stored)
         .unwrap();
     assert!(model.layers[0].attn.q.is_quantized() && model.layers[29].mlp.down.is_quantized());
     assert!(matches!(model.embed, Embedding::Quantized(_)) && model.lm_head.is_none());

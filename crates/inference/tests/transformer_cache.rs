@@ -5,7 +5,7 @@ mod common;
 
 use common::{assert_close, full_logits};
 use ember_inference::sampling::SamplingConfig;
-use ember_inference::{GenerationConfig, KvCacheKind, LanguageModel, TransformerLm, generate};
+use ember_inference::{Decoder, GenerationConfig, KvCacheKind, TransformerLm, generate};
 
 fn tiny() -> TransformerLm<burn::backend::Flex> {
     common::tiny(KvCacheKind::Contiguous)

@@ -14,12 +14,14 @@ pub mod tensors;
 mod transformer;
 pub mod weights;
 
-pub use ember_attention::{AttentionBackend, AttentionKernel, RopeConfig, RopeLayout, RopeScaling};
+pub use ember_attention::{AttentionKernel, EmberBackend, RopeConfig, RopeLayout, RopeScaling};
 pub use ember_optimization::QuantScheme;
 pub use error::{ModelError, Result};
 pub use load::{Loaded, ModelDir, load};
 pub use quantize::Quantization;
 pub use quantized_io::{QUANTIZED_FILE, save_quantized};
 pub use save::save;
-pub use spec::{Activation, Biases, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
+pub use spec::{
+    Activation, Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual,
+};
 pub use transformer::{Step, Transformer};

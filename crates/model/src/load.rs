@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ember_attention::AttentionBackend;
+use ember_attention::EmberBackend;
 
 use crate::arch::{self, Family};
 use crate::error::{ModelError, Result};
@@ -22,7 +22,7 @@ pub struct ModelDir {
 }
 
 /// A loaded model and what the checkpoint held beyond it.
-pub struct Loaded<B: AttentionBackend> {
+pub struct Loaded<B: EmberBackend> {
     /// The model.
     pub model: Transformer<B>,
     /// Checkpoint tensors that no parameter was read from (e.g. GPT-2's stored causal masks).
@@ -68,7 +68,7 @@ impl ModelDir {
     ///
     /// A directory written by [`crate::save_quantized`] (it holds [`QUANTIZED_FILE`]) loads with its matrices
     /// quantized as stored.
-    pub fn load<B: AttentionBackend>(
+    pub fn load<B: EmberBackend>(
         &self,
         device: &B::Device,
         progress: Option<Progress<'_>>,
@@ -87,7 +87,7 @@ impl ModelDir {
 }
 
 /// Opens and loads the model directory `path` onto `device` (see [`ModelDir::load`]).
-pub fn load<B: AttentionBackend>(
+pub fn load<B: EmberBackend>(
     path: &Path,
     device: &B::Device,
     progress: Option<Progress<'_>>,

@@ -1,10 +1,10 @@
 //! Weight quantization of a loaded [`Transformer`] for inference.
 
-use ember_attention::AttentionBackend;
+use ember_attention::EmberBackend;
 use ember_optimization::QuantScheme;
 
 use crate::error::Result;
-use crate::nn::{Embedding, Linear};
+use crate::nn::{Block, Embedding, Linear};
 use crate::tensors::{LM_HEAD, layer_name};
 use crate::transformer::Transformer;
 
@@ -35,31 +35,17 @@ impl Quantization {
     }
 }
 
-impl<B: AttentionBackend> Transformer<B> {
+impl<B: EmberBackend> Transformer<B> {
     /// The model with its weights quantized as `q` says (one layer at a time, so peak memory stays near the
     /// f32 model's). Norms, biases and learned position tables stay f32. The result is for inference: quantized
     /// weights have no gradients.
     pub fn quantize(mut self, q: &Quantization) -> Result<Self> {
         let scheme = q.scheme;
-        self.layers = std::mem::take(&mut self.layers)
-            .into_iter()
-            .enumerate()
-            .map(|(i, mut block)| {
-                let name = |suffix: &str| layer_name(i, suffix);
-                block.attn.q = block.attn.q.quantize(scheme, &name("attn.q.weight"))?;
-                block.attn.k = block.attn.k.quantize(scheme, &name("attn.k.weight"))?;
-                block.attn.v = block.attn.v.quantize(scheme, &name("attn.v.weight"))?;
-                block.attn.o = block.attn.o.quantize(scheme, &name("attn.o.weight"))?;
-                block.mlp.up = block.mlp.up.quantize(scheme, &name("mlp.up.weight"))?;
-                block.mlp.down = block.mlp.down.quantize(scheme, &name("mlp.down.weight"))?;
-                block.mlp.gate = block
-                    .mlp
-                    .gate
-                    .map(|gate| gate.quantize(scheme, &name("mlp.gate.weight")))
-                    .transpose()?;
-                Ok(block)
-            })
-            .collect::<Result<Vec<_>>>()?;
+        for (i, block) in self.layers.iter_mut().enumerate() {
+            for (suffix, linear) in block.linears_mut() {
+                linear.quantize_in_place(scheme, &layer_name(i, &format!("{suffix}.weight")))?;
+            }
+        }
         if q.embeddings {
             self.embed = self.embed.quantize(scheme)?;
         }
@@ -77,29 +63,14 @@ impl<B: AttentionBackend> Transformer<B> {
     /// Bytes the weights occupy on the device (f32 or quantized codes plus scales), counting a weight shared
     /// by the embedding and a tied LM head once.
     pub fn weight_memory_bytes(&self) -> usize {
-        let dense = |n: usize| 4 * n;
-        let norm = |n: &crate::nn::Norm<B>| {
-            dense(n.weight.val().shape().num_elements())
-                + n.bias
-                    .as_ref()
-                    .map_or(0, |b| dense(b.val().shape().num_elements()))
-        };
-        let mut total = self.embed.memory_bytes() + norm(&self.final_norm);
-        if let Some(table) = &self.pos_embed {
-            total += dense(table.val().shape().num_elements());
-        }
-        total += self.lm_head.as_ref().map_or(0, Linear::memory_bytes);
-        for block in &self.layers {
-            let attn = &block.attn;
-            let mlp = &block.mlp;
-            total += [&attn.q, &attn.k, &attn.v, &attn.o, &mlp.up, &mlp.down]
-                .into_iter()
-                .chain(mlp.gate.as_ref())
-                .map(Linear::memory_bytes)
-                .sum::<usize>();
-            total += norm(&block.attn_norm) + norm(&block.mlp_norm);
-            total += attn.q_norm.as_ref().map_or(0, norm) + attn.k_norm.as_ref().map_or(0, norm);
-        }
-        total
+        let positions = self
+            .pos_embed
+            .as_ref()
+            .map_or(0, |table| 4 * table.val().shape().num_elements());
+        self.embed.memory_bytes()
+            + positions
+            + self.layers.iter().map(Block::memory_bytes).sum::<usize>()
+            + self.final_norm.memory_bytes()
+            + self.lm_head.as_ref().map_or(0, Linear::memory_bytes)
     }
 }

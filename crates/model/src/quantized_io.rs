@@ -7,12 +7,12 @@
 
 use std::path::{Path, PathBuf};
 
-use ember_attention::AttentionBackend;
+use ember_attention::EmberBackend;
 use ember_optimization::{DenseTensor, QuantizedCheckpoint, QuantizedLinear, QuantizedWeight};
 
 use crate::error::{ModelError, Result};
 use crate::load::Loaded;
-use crate::nn::{Embedding, Linear};
+use crate::nn::{BlockModule, Embedding, Linear};
 use crate::save::{hf_config, parameter_values, write_config};
 use crate::spec::ModelSpec;
 use crate::tensors::{EMBED, LM_HEAD, TensorRole, TensorSpec};
@@ -29,7 +29,7 @@ fn quant_error(tensor: &str) -> impl FnOnce(ember_optimization::QuantError) -> M
     }
 }
 
-impl<B: AttentionBackend> Transformer<B> {
+impl<B: EmberBackend> Transformer<B> {
     /// The quantized weight of matrix `name` (canonical name), read back from the device; `None` when that
     /// weight is dense or the model has no such matrix.
     pub fn quantized_weight(&self, name: &str) -> Result<Option<QuantizedWeight>> {
@@ -43,24 +43,13 @@ impl<B: AttentionBackend> Transformer<B> {
                 Embedding::Dense(_) => None,
             },
             LM_HEAD => self.lm_head.as_ref().and_then(linear),
-            _ => {
-                let Some((layer, suffix)) = crate::arch::split_layer(name) else {
-                    return Ok(None);
-                };
-                let Some(block) = self.layers.get(layer) else {
-                    return Ok(None);
-                };
-                match suffix {
-                    "attn.q.weight" => linear(&block.attn.q),
-                    "attn.k.weight" => linear(&block.attn.k),
-                    "attn.v.weight" => linear(&block.attn.v),
-                    "attn.o.weight" => linear(&block.attn.o),
-                    "mlp.gate.weight" => block.mlp.gate.as_ref().and_then(linear),
-                    "mlp.up.weight" => linear(&block.mlp.up),
-                    "mlp.down.weight" => linear(&block.mlp.down),
-                    _ => None,
-                }
-            }
+            _ => match name
+                .strip_suffix(".weight")
+                .and_then(|module| self.block_module(module))
+            {
+                Some(BlockModule::Linear(l)) => linear(l),
+                _ => None,
+            },
         };
         weight.transpose().map_err(quant_error(name))
     }
@@ -69,12 +58,12 @@ impl<B: AttentionBackend> Transformer<B> {
 /// Writes `model` to directory `dir` (created if needed): its Hugging Face `config.json` and
 /// [`QUANTIZED_FILE`] with every quantized matrix packed and every other tensor in f32. A tied model whose LM
 /// head is a quantized copy of a dense embedding keeps that copy under `lm_head.weight`.
-pub fn save_quantized<B: AttentionBackend>(model: &Transformer<B>, dir: &Path) -> Result<()> {
+pub fn save_quantized<B: EmberBackend>(model: &Transformer<B>, dir: &Path) -> Result<()> {
     let spec = model.spec();
     let (_, config) = hf_config(spec)?;
     let mut checkpoint = QuantizedCheckpoint::default();
     let mut names: Vec<TensorSpec> = spec.tensors();
-    if spec.tied_embeddings && model.lm_head.is_some() {
+    if spec.features.tied_embeddings && model.lm_head.is_some() {
         names.push(TensorSpec {
             name: LM_HEAD.to_string(),
             shape: vec![spec.vocab_size, spec.hidden_size],
@@ -155,7 +144,7 @@ impl WeightSource for QuantizedSource {
 }
 
 /// Loads the quantized model of `dir` (whose config gave `spec`) onto `device`.
-pub(crate) fn load_quantized<B: AttentionBackend>(
+pub(crate) fn load_quantized<B: EmberBackend>(
     dir: &Path,
     spec: &ModelSpec,
     device: &B::Device,
@@ -166,7 +155,7 @@ pub(crate) fn load_quantized<B: AttentionBackend>(
         QuantizedCheckpoint::load(&path).map_err(quant_error(&path.display().to_string()))?;
     let mut source = QuantizedSource { checkpoint, path };
     let mut model = Transformer::from_source(spec, &mut source, device, progress)?;
-    if spec.tied_embeddings
+    if spec.features.tied_embeddings
         && let Some(head) = source.checkpoint.quantized.remove(LM_HEAD)
     {
         let head = QuantizedLinear::new(&head, None, device).map_err(quant_error(LM_HEAD))?;

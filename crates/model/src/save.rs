@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use ember_attention::AttentionBackend;
+use ember_attention::EmberBackend;
 use safetensors::tensor::{Dtype, TensorView};
 
 use crate::arch::{self, Layout, TensorSource};
@@ -43,11 +43,48 @@ pub(crate) fn hf_config(
         ))
     })?;
     let config = family.to_config(spec).map_err(unsaveable)?;
+    // A knob the family's writer does not know would be dropped without a trace: the config must read back as
+    // exactly this spec.
+    let reparsed = family.parse_config(&config).map_err(|e| {
+        unsaveable(format!(
+            "the config.json it writes does not parse back: {e}"
+        ))
+    })?;
+    if reparsed != *spec {
+        return Err(unsaveable(format!(
+            "its config.json cannot express {}",
+            spec_differences(spec, &reparsed).join(", ")
+        )));
+    }
     Ok((family, config))
 }
 
+/// `key: value (would load back as other)` for every top-level spec field where `spec` and `reparsed` differ.
+fn spec_differences(spec: &ModelSpec, reparsed: &ModelSpec) -> Vec<String> {
+    let fields = |s: &ModelSpec| match serde_json::to_value(s) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    };
+    let (wanted, got) = (fields(spec), fields(reparsed));
+    let differing: Vec<String> = wanted
+        .iter()
+        .filter(|(key, value)| got.get(*key) != Some(value))
+        .map(|(key, value)| {
+            let other = got
+                .get(key)
+                .map_or("nothing".to_string(), |v| v.to_string());
+            format!("`{key}` = {value} (it would load back as {other})")
+        })
+        .collect();
+    if differing.is_empty() {
+        vec!["the spec".to_string()]
+    } else {
+        differing
+    }
+}
+
 /// The f32 values of canonical parameter `name` (dequantized if quantized), row-major.
-pub(crate) fn parameter_values<B: AttentionBackend>(
+pub(crate) fn parameter_values<B: EmberBackend>(
     model: &Transformer<B>,
     name: &str,
 ) -> Result<Vec<f32>> {
@@ -69,7 +106,7 @@ pub(crate) fn write_config(dir: &Path, config: &serde_json::Value) -> Result<()>
 
 /// Writes `model` to directory `dir` (created if needed) as its spec's architecture, every weight in f32
 /// (quantized weights dequantized; [`crate::save_quantized`] keeps them packed).
-pub fn save<B: AttentionBackend>(model: &Transformer<B>, dir: &Path) -> Result<()> {
+pub fn save<B: EmberBackend>(model: &Transformer<B>, dir: &Path) -> Result<()> {
     let spec = model.spec();
     let (family, config) = hf_config(spec)?;
 

@@ -112,7 +112,8 @@ pub struct Biases {
     pub mlp_out: bool,
 }
 
-/// Everything that varies between the supported decoder-only families.
+/// Everything that varies between the supported decoder-only families: the sizes, the positions and windows
+/// (which are shaped by the sizes), and the architectural [`Features`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelSpec {
     /// The Hugging Face architecture this spec was read from and is saved as (e.g. `LlamaForCausalLM`).
@@ -131,12 +132,27 @@ pub struct ModelSpec {
     pub head_dim: usize,
     /// Width of the MLP's hidden layer.
     pub intermediate_size: usize,
+    /// Maximum positions (size of the learned table; the trained context for RoPE models).
+    pub context_length: usize,
+    /// Learned or rotary positions (a rotary config carries the head width it rotates).
+    pub positions: Positions,
+    /// Per layer, the sliding attention window (`Some(w)`: a query attends to the `w` most recent keys, itself
+    /// included), or `None` for full causal attention.
+    pub attention_windows: Vec<Option<usize>>,
+    /// How the blocks are built, beyond their sizes.
+    #[serde(flatten)]
+    pub features: Features,
+}
+
+/// The architectural choices of a family that do not depend on its sizes. The default is plain LLaMA, so a
+/// family's spec names only what differs (`..Features::default()`), and a new knob is one field here with its
+/// LLaMA value in [`Default`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Features {
     /// Every norm in the model (block norms and the final norm).
     pub norm: NormSpec,
     /// Sequential or parallel residual.
     pub residual: Residual,
-    /// Learned or rotary positions.
-    pub positions: Positions,
     /// MLP non-linearity.
     pub activation: Activation,
     /// Plain or gated MLP.
@@ -145,15 +161,31 @@ pub struct ModelSpec {
     pub biases: Biases,
     /// RMSNorm over each query and key head before RoPE (Qwen3).
     pub qk_norm: bool,
-    /// Per layer, the sliding attention window (`Some(w)`: a query attends to the `w` most recent keys, itself
-    /// included), or `None` for full causal attention.
-    pub attention_windows: Vec<Option<usize>>,
     /// The softmax scale of attention scores; `None` is the usual `1/sqrt(head_dim)` (GPT-Neo uses 1).
     pub attention_scale: Option<f64>,
     /// Whether the LM head reuses the token embedding matrix.
     pub tied_embeddings: bool,
-    /// Maximum positions (size of the learned table; the trained context for RoPE models).
-    pub context_length: usize,
+}
+
+impl Default for Features {
+    /// LLaMA: RMSNorm (eps 1e-5), sequential pre-norm residual, SwiGLU, no biases, no q/k norm, the usual
+    /// attention scale, an untied LM head.
+    fn default() -> Self {
+        Features {
+            norm: NormSpec {
+                kind: NormKind::RmsNorm,
+                eps: 1e-5,
+                bias: false,
+            },
+            residual: Residual::Sequential,
+            activation: Activation::Silu,
+            mlp: MlpKind::Gated,
+            biases: Biases::default(),
+            qk_norm: false,
+            attention_scale: None,
+            tied_embeddings: false,
+        }
+    }
 }
 
 /// Bytes per parameter for the storage types `ember info` reports.
@@ -186,21 +218,10 @@ impl ModelSpec {
             num_kv_heads,
             head_dim,
             intermediate_size,
-            norm: NormSpec {
-                kind: NormKind::RmsNorm,
-                eps: 1e-5,
-                bias: false,
-            },
-            residual: Residual::Sequential,
-            positions: Positions::Rope(RopeConfig::new(head_dim)),
-            activation: Activation::Silu,
-            mlp: MlpKind::Gated,
-            biases: Biases::default(),
-            qk_norm: false,
-            attention_windows: vec![None; num_layers],
-            attention_scale: None,
-            tied_embeddings: false,
             context_length,
+            positions: Positions::Rope(RopeConfig::new(head_dim)),
+            attention_windows: vec![None; num_layers],
+            features: Features::default(),
         }
     }
 
@@ -247,7 +268,7 @@ impl ModelSpec {
             rope.validate()
                 .map_err(|e| ModelError::InvalidSpec(e.to_string()))?;
         }
-        if self.norm.bias && self.norm.kind == NormKind::RmsNorm {
+        if self.features.norm.bias && self.features.norm.kind == NormKind::RmsNorm {
             return fail("RMSNorm has no bias".to_string());
         }
         Ok(())

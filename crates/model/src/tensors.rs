@@ -63,41 +63,87 @@ pub fn layer_name(layer: usize, suffix: &str) -> String {
     format!("layers.{layer}.{suffix}")
 }
 
-/// The `(suffix, in, out, has_bias)` of every linear layer of one block, in canonical order.
-pub fn block_linears(spec: &ModelSpec) -> Vec<(&'static str, usize, usize, bool)> {
+/// The shape of one module of a block, as [`block_modules`] lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModuleShape {
+    /// A norm over `dim` features (with a bias for LayerNorm with bias).
+    Norm {
+        /// Features normalised.
+        dim: usize,
+    },
+    /// A projection `[outputs, inputs]`, with a bias `[outputs]` when `bias`.
+    Linear {
+        /// Input features.
+        inputs: usize,
+        /// Output features.
+        outputs: usize,
+        /// Whether it has a bias.
+        bias: bool,
+    },
+}
+
+/// Every module of one block of `spec` under its canonical suffix, in canonical order: the spec's side of
+/// [`crate::nn::Block::modules`], from which [`ModelSpec::tensors`] (and so loading, saving and the parameter
+/// count) follows.
+pub fn block_modules(spec: &ModelSpec) -> Vec<(&'static str, ModuleShape)> {
     let (h, q, kv, ff) = (
         spec.hidden_size,
         spec.q_dim(),
         spec.kv_dim(),
         spec.intermediate_size,
     );
-    let b = spec.biases;
-    let mut linears = vec![
-        ("attn.q", h, q, b.qkv),
-        ("attn.k", h, kv, b.qkv),
-        ("attn.v", h, kv, b.qkv),
-        ("attn.o", q, h, b.attn_out),
+    let b = spec.features.biases;
+    let linear = |inputs, outputs, bias| ModuleShape::Linear {
+        inputs,
+        outputs,
+        bias,
+    };
+    let norm = |dim| ModuleShape::Norm { dim };
+    let mut modules = vec![
+        ("attn_norm", norm(h)),
+        ("attn.q", linear(h, q, b.qkv)),
+        ("attn.k", linear(h, kv, b.qkv)),
+        ("attn.v", linear(h, kv, b.qkv)),
     ];
-    if spec.mlp == MlpKind::Gated {
-        linears.push(("mlp.gate", h, ff, b.mlp_in));
+    if spec.features.qk_norm {
+        modules.push(("attn.q_norm", norm(spec.head_dim)));
+        modules.push(("attn.k_norm", norm(spec.head_dim)));
     }
-    linears.push(("mlp.up", h, ff, b.mlp_in));
-    linears.push(("mlp.down", ff, h, b.mlp_out));
-    linears
+    modules.push(("attn.o", linear(q, h, b.attn_out)));
+    modules.push(("mlp_norm", norm(h)));
+    if spec.features.mlp == MlpKind::Gated {
+        modules.push(("mlp.gate", linear(h, ff, b.mlp_in)));
+    }
+    modules.push(("mlp.up", linear(h, ff, b.mlp_in)));
+    modules.push(("mlp.down", linear(ff, h, b.mlp_out)));
+    modules
 }
 
-fn push_norm(out: &mut Vec<TensorSpec>, spec: &ModelSpec, prefix: &str, dim: usize) {
-    out.push(TensorSpec::new(
-        format!("{prefix}.weight"),
-        vec![dim],
-        TensorRole::NormWeight,
-    ));
-    if spec.norm.bias && spec.norm.kind == NormKind::LayerNorm {
-        out.push(TensorSpec::new(
-            format!("{prefix}.bias"),
-            vec![dim],
-            TensorRole::NormBias,
-        ));
+fn push_module(out: &mut Vec<TensorSpec>, spec: &ModelSpec, prefix: &str, shape: ModuleShape) {
+    let tensor = |suffix: &str, shape: Vec<usize>, role| {
+        TensorSpec::new(format!("{prefix}.{suffix}"), shape, role)
+    };
+    match shape {
+        ModuleShape::Norm { dim } => {
+            out.push(tensor("weight", vec![dim], TensorRole::NormWeight));
+            if spec.features.norm.bias && spec.features.norm.kind == NormKind::LayerNorm {
+                out.push(tensor("bias", vec![dim], TensorRole::NormBias));
+            }
+        }
+        ModuleShape::Linear {
+            inputs,
+            outputs,
+            bias,
+        } => {
+            out.push(tensor(
+                "weight",
+                vec![outputs, inputs],
+                TensorRole::LinearWeight,
+            ));
+            if bias {
+                out.push(tensor("bias", vec![outputs], TensorRole::Bias));
+            }
+        }
     }
 }
 
@@ -116,50 +162,14 @@ pub(crate) fn expected_tensors(spec: &ModelSpec) -> Vec<TensorSpec> {
             TensorRole::Embedding,
         ));
     }
+    let modules = block_modules(spec);
     for layer in 0..spec.num_layers {
-        let linear =
-            |out: &mut Vec<TensorSpec>, (suffix, d_in, d_out, bias): (&str, usize, usize, bool)| {
-                let name = layer_name(layer, suffix);
-                out.push(TensorSpec::new(
-                    format!("{name}.weight"),
-                    vec![d_out, d_in],
-                    TensorRole::LinearWeight,
-                ));
-                if bias {
-                    out.push(TensorSpec::new(
-                        format!("{name}.bias"),
-                        vec![d_out],
-                        TensorRole::Bias,
-                    ));
-                }
-            };
-        let linears = block_linears(spec);
-        push_norm(&mut out, spec, &layer_name(layer, "attn_norm"), h);
-        for &l in &linears[..3] {
-            linear(&mut out, l);
-        }
-        if spec.qk_norm {
-            push_norm(
-                &mut out,
-                spec,
-                &layer_name(layer, "attn.q_norm"),
-                spec.head_dim,
-            );
-            push_norm(
-                &mut out,
-                spec,
-                &layer_name(layer, "attn.k_norm"),
-                spec.head_dim,
-            );
-        }
-        linear(&mut out, linears[3]);
-        push_norm(&mut out, spec, &layer_name(layer, "mlp_norm"), h);
-        for &l in &linears[4..] {
-            linear(&mut out, l);
+        for &(suffix, shape) in &modules {
+            push_module(&mut out, spec, &layer_name(layer, suffix), shape);
         }
     }
-    push_norm(&mut out, spec, FINAL_NORM, h);
-    if !spec.tied_embeddings {
+    push_module(&mut out, spec, FINAL_NORM, ModuleShape::Norm { dim: h });
+    if !spec.features.tied_embeddings {
         out.push(TensorSpec::new(
             LM_HEAD,
             vec![spec.vocab_size, h],

@@ -7,12 +7,12 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{
     Bool, DType, ElementConversion, FloatDType, Int, Tensor, TensorData, module::embedding,
 };
-use ember_attention::{AttentionBackend, AttentionKernel, KvCache, RopeCache};
+use ember_attention::{AttentionKernel, EmberBackend, KvCache, RopeCache};
 use ember_optimization::QuantizedLinear;
 
 use crate::error::{ModelError, Result};
-use crate::nn::attention::Positions as At;
-use crate::nn::{Block, Embedding, Linear, Mlp, Norm, SelfAttention, in_dtype};
+use crate::nn::attention::CallPositions;
+use crate::nn::{Block, BlockModule, Embedding, Linear, Mlp, Norm, SelfAttention, in_dtype};
 use crate::spec::{ModelSpec, Positions};
 use crate::tensors::{EMBED, FINAL_NORM, LM_HEAD, POS_EMBED, TensorSpec, layer_name};
 use crate::weights::{Progress, RandomInit, WeightSource};
@@ -43,7 +43,7 @@ pub struct Transformer<B: Backend> {
 }
 
 /// Optional inputs of a forward call beyond the tokens.
-pub struct Step<'a, B: AttentionBackend> {
+pub struct Step<'a, B: EmberBackend> {
     /// KV cache: its length is the position of the first token, and every layer appends to it.
     pub cache: Option<&'a mut dyn KvCache<B>>,
     /// Per-row positions `[batch, seq]` (left-padded batches); default `cached..cached + seq` for every row.
@@ -52,7 +52,7 @@ pub struct Step<'a, B: AttentionBackend> {
     pub key_padding: Option<Tensor<B, 2, Bool>>,
 }
 
-impl<B: AttentionBackend> Default for Step<'_, B> {
+impl<B: EmberBackend> Default for Step<'_, B> {
     fn default() -> Self {
         Step {
             cache: None,
@@ -63,7 +63,7 @@ impl<B: AttentionBackend> Default for Step<'_, B> {
 }
 
 /// Builds modules from a [`WeightSource`], visiting each canonical tensor once.
-struct Builder<'a, 'p, B: AttentionBackend> {
+struct Builder<'a, 'p, B: EmberBackend> {
     expected: HashMap<String, TensorSpec>,
     source: &'a mut dyn WeightSource,
     device: &'a B::Device,
@@ -71,7 +71,7 @@ struct Builder<'a, 'p, B: AttentionBackend> {
     progress: Option<Progress<'p>>,
 }
 
-impl<B: AttentionBackend> Builder<'_, '_, B> {
+impl<B: EmberBackend> Builder<'_, '_, B> {
     fn optional<const D: usize>(&mut self, name: &str) -> Result<Option<Param<Tensor<B, D>>>> {
         let Some(spec) = self.expected.get(name) else {
             return Ok(None);
@@ -140,8 +140,8 @@ impl<B: AttentionBackend> Builder<'_, '_, B> {
         Ok(Norm {
             weight: self.required(&format!("{prefix}.weight"))?,
             bias: self.optional(&format!("{prefix}.bias"))?,
-            kind: spec.norm.kind,
-            eps: spec.norm.eps,
+            kind: spec.features.norm.kind,
+            eps: spec.features.norm.eps,
         })
     }
 
@@ -153,7 +153,7 @@ impl<B: AttentionBackend> Builder<'_, '_, B> {
             self.linear(&name("attn.k"))?,
             self.linear(&name("attn.v"))?,
         );
-        let (q_norm, k_norm) = if spec.qk_norm {
+        let (q_norm, k_norm) = if spec.features.qk_norm {
             (
                 Some(self.norm(&name("attn.q_norm"), spec)?),
                 Some(self.norm(&name("attn.k_norm"), spec)?),
@@ -163,7 +163,7 @@ impl<B: AttentionBackend> Builder<'_, '_, B> {
         };
         let o = self.linear(&name("attn.o"))?;
         let mlp_norm = self.norm(&name("mlp_norm"), spec)?;
-        let gate = match spec.mlp {
+        let gate = match spec.features.mlp {
             crate::spec::MlpKind::Gated => Some(self.linear(&name("mlp.gate"))?),
             crate::spec::MlpKind::Plain => None,
         };
@@ -189,15 +189,15 @@ impl<B: AttentionBackend> Builder<'_, '_, B> {
                 gate,
                 up,
                 down,
-                activation: spec.activation,
+                activation: spec.features.activation,
             },
-            residual: spec.residual,
+            residual: spec.features.residual,
             window: spec.attention_windows[layer],
         })
     }
 }
 
-impl<B: AttentionBackend> Transformer<B> {
+impl<B: EmberBackend> Transformer<B> {
     /// Builds a model of `spec` on `device` with every parameter taken from `source`; `progress` is called
     /// after each tensor.
     pub fn from_source(
@@ -383,7 +383,7 @@ impl<B: AttentionBackend> Transformer<B> {
             )?),
             Positions::Learned => None,
         };
-        let at = At {
+        let at = CallPositions {
             rope: rope.as_ref(),
             offset,
             explicit: positions,
@@ -392,7 +392,13 @@ impl<B: AttentionBackend> Transformer<B> {
         };
         for (layer, block) in self.layers.iter().enumerate() {
             let layer_cache = cache.as_mut().map(|c| &mut **c as &mut dyn KvCache<B>);
-            x = block.forward(x, layer, self.spec.attention_scale, &at, layer_cache)?;
+            x = block.forward(
+                x,
+                layer,
+                self.spec.features.attention_scale,
+                &at,
+                layer_cache,
+            )?;
         }
         Ok(self.final_norm.forward(x))
     }
@@ -412,43 +418,25 @@ impl<B: AttentionBackend> Transformer<B> {
 
     /// The current value of canonical parameter `name` (row-major, canonical shape), for saving.
     pub fn parameter(&self, name: &str) -> Option<TensorData> {
-        let data1 = |p: &Param<Tensor<B, 1>>| p.val().into_data();
-        let data2 = |p: &Param<Tensor<B, 2>>| p.val().into_data();
-        let linear = |l: &Linear<B>, param: &str| match param {
-            "weight" => Some(l.weight_data()),
-            "bias" => l.bias_data(),
-            _ => None,
-        };
-        let norm = |n: &Norm<B>, param: &str| match param {
-            "weight" => Some(data1(&n.weight)),
-            "bias" => n.bias.as_ref().map(data1),
-            _ => None,
-        };
         match name {
             EMBED => return Some(self.embed.data()),
-            POS_EMBED => return self.pos_embed.as_ref().map(data2),
+            POS_EMBED => return self.pos_embed.as_ref().map(|p| p.val().into_data()),
             LM_HEAD => return self.lm_head.as_ref().map(Linear::weight_data),
             _ => {}
         }
         if let Some(param) = name.strip_prefix("final_norm.") {
-            return norm(&self.final_norm, param);
+            return self.final_norm.parameter(param);
         }
+        let (module, param) = name.rsplit_once('.')?;
+        match self.block_module(module)? {
+            BlockModule::Norm(norm) => norm.parameter(param),
+            BlockModule::Linear(linear) => linear.parameter(param),
+        }
+    }
+
+    /// The block module under canonical name `name` without its parameter (`layers.3.attn.q`).
+    pub fn block_module(&self, name: &str) -> Option<BlockModule<'_, B>> {
         let (layer, suffix) = crate::arch::split_layer(name)?;
-        let block = self.layers.get(layer)?;
-        let (module, param) = suffix.rsplit_once('.')?;
-        match module {
-            "attn_norm" => norm(&block.attn_norm, param),
-            "mlp_norm" => norm(&block.mlp_norm, param),
-            "attn.q_norm" => norm(block.attn.q_norm.as_ref()?, param),
-            "attn.k_norm" => norm(block.attn.k_norm.as_ref()?, param),
-            "attn.q" => linear(&block.attn.q, param),
-            "attn.k" => linear(&block.attn.k, param),
-            "attn.v" => linear(&block.attn.v, param),
-            "attn.o" => linear(&block.attn.o, param),
-            "mlp.gate" => linear(block.mlp.gate.as_ref()?, param),
-            "mlp.up" => linear(&block.mlp.up, param),
-            "mlp.down" => linear(&block.mlp.down, param),
-            _ => None,
-        }
+        self.layers.get(layer)?.module(suffix)
     }
 }

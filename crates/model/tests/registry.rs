@@ -60,7 +60,7 @@ fn gpt2_small_config_counts_the_tied_head_once() {
     let spec = ModelDir::open(&config("gpt2_small.json")).unwrap().spec;
     // transformers' GPT2LMHeadModel.num_parameters() for gpt2 (tied lm_head).
     assert_eq!(spec.parameter_count(), 124_439_808);
-    assert_eq!(spec.norm.kind, NormKind::LayerNorm);
+    assert_eq!(spec.features.norm.kind, NormKind::LayerNorm);
     assert_eq!(spec.intermediate_size, 3072);
 }
 
@@ -81,18 +81,23 @@ fn fixture_specs_carry_the_family_features() {
     let spec = |name| ModelDir::open(&fixture(name)).unwrap().spec;
     assert_eq!(spec("mistral").attention_windows, vec![Some(8), Some(8)]);
     assert_eq!(spec("qwen2").attention_windows, vec![None, Some(8)]);
-    assert!(spec("qwen2").biases.qkv && !spec("qwen2").biases.attn_out);
+    assert!(spec("qwen2").features.biases.qkv && !spec("qwen2").features.biases.attn_out);
     assert_eq!(spec("gpt_neo").attention_windows, vec![None, Some(6)]);
-    assert_eq!(spec("gpt_neo").attention_scale, Some(1.0));
-    assert!(spec("qwen3").qk_norm);
+    assert_eq!(spec("gpt_neo").features.attention_scale, Some(1.0));
+    assert!(spec("qwen3").features.qk_norm);
     assert_eq!(spec("qwen3").head_dim, 16);
-    assert_eq!(spec("gpt_neox").residual, Residual::Parallel);
-    assert_eq!(spec("gpt_neox_sequential").residual, Residual::Sequential);
+    assert_eq!(spec("gpt_neox").features.residual, Residual::Parallel);
+    assert_eq!(
+        spec("gpt_neox_sequential").features.residual,
+        Residual::Sequential
+    );
     let Positions::Rope(rope) = spec("gpt_neox").positions else {
         panic!("NeoX uses RoPE")
     };
     assert_eq!((rope.rotary_dim, rope.head_dim), (4, 8));
-    assert!(spec("llama_tied").tied_embeddings && !spec("llama3").tied_embeddings);
+    assert!(
+        spec("llama_tied").features.tied_embeddings && !spec("llama3").features.tied_embeddings
+    );
 }
 
 fn write_config(dir: &Path, text: &str) -> std::path::PathBuf {
@@ -192,7 +197,7 @@ fn smollm_135m_config_counts_its_tied_embeddings_once() {
     let spec = ModelDir::open(&config("smollm_135m.json")).unwrap().spec;
     // SmolLM-135M as transformers counts it (head tied to the 49152 x 576 embedding).
     assert_eq!(spec.parameter_count(), 134_515_008);
-    assert!(spec.tied_embeddings);
+    assert!(spec.features.tied_embeddings);
     assert_eq!(
         (spec.num_heads, spec.num_kv_heads, spec.head_dim),
         (9, 3, 64)

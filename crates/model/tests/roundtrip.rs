@@ -23,7 +23,7 @@ fn initialised_model_saved_and_reloaded_gives_identical_logits() {
     let device = Default::default();
     let mut spec = ModelSpec::llama_style(128, 32, 2, 4, 2, 64, 64);
     for tied in [false, true] {
-        spec.tied_embeddings = tied;
+        spec.features.tied_embeddings = tied;
         let model = Transformer::<B>::from_source(
             &spec,
             &mut RandomInit::with_std(3, 2, 0.3),
@@ -132,9 +132,31 @@ fn ember_saved_model_loads_in_transformers_with_the_same_logits() {
 #[test]
 fn spec_a_family_cannot_express_is_refused_with_the_reason() {
     let mut spec = ModelSpec::llama_style(64, 16, 1, 2, 1, 32, 16);
-    spec.qk_norm = true;
+    spec.features.qk_norm = true;
     let model = Transformer::<B>::init(&spec, 0, &Default::default()).unwrap();
     let err = save(&model, tempfile::tempdir().unwrap().path()).unwrap_err();
     assert!(matches!(err, ModelError::Unsaveable { .. }), "{err}");
     assert!(err.to_string().contains("Q/K norm"), "{err}");
+}
+
+#[test]
+fn a_knob_the_config_would_silently_drop_is_refused_naming_it() {
+    // LLaMA's config.json has no key for a dynamic-NTK base length other than max_position_embeddings, so
+    // this spec would load back with a different one: the re-parse check must catch what to_config does not.
+    let mut spec = ModelSpec::llama_style(64, 16, 1, 2, 1, 32, 16);
+    if let ember_model::Positions::Rope(rope) = &mut spec.positions {
+        rope.scaling = ember_model::RopeScaling::Dynamic {
+            factor: 2.0,
+            max_position_embeddings: 8,
+        };
+    }
+    let model = Transformer::<B>::init(&spec, 0, &Default::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let err = save(&model, dir.path()).unwrap_err();
+    assert!(matches!(err, ModelError::Unsaveable { .. }), "{err}");
+    assert!(err.to_string().contains("`positions`"), "{err}");
+    assert!(
+        !dir.path().join("config.json").exists(),
+        "nothing is written for a spec that cannot be saved"
+    );
 }

@@ -145,7 +145,7 @@ mod tests {
             state(2).save(d)?;
             Err(TrainError::External {
                 context: "saving the model".into(),
-                message: "disk full".into(),
+                source: "disk full".into(),
             })
         });
         assert!(failed.is_err());

@@ -29,7 +29,7 @@ use burn_collective::{
 };
 
 use crate::loss::inputs_and_targets;
-use crate::model_io::LanguageModel;
+use crate::model_io::TrainableModel;
 use crate::params::Gradients;
 use crate::{StopReason, TrainError};
 
@@ -110,14 +110,14 @@ static SESSION: Mutex<()> = Mutex::new(());
 fn collective_error(what: &str, error: impl std::fmt::Debug) -> TrainError {
     TrainError::External {
         context: format!("data-parallel {what}"),
-        message: format!("{error:?}"),
+        source: format!("{error:?}").into(),
     }
 }
 
 impl<AB, M> DataParallel<AB, M>
 where
     AB: AutodiffBackend,
-    M: AutodiffModule<AB> + LanguageModel<AB> + Send + 'static,
+    M: AutodiffModule<AB> + TrainableModel<AB> + Send + 'static,
 {
     /// Starts one worker thread per device after the first and registers every replica with burn-collective.
     /// Returns `None` when the settings ask for a single replica on a single node.
@@ -271,7 +271,7 @@ where
             (Ok(step), None) => Ok(step),
             (_, Some(message)) | (Err(message), None) => Err(TrainError::External {
                 context: "data-parallel step".into(),
-                message,
+                source: message.into(),
             }),
         }
     }
@@ -315,7 +315,7 @@ fn worker_loop<AB, M>(
     results: Sender<Result<(), String>>,
 ) where
     AB: AutodiffBackend,
-    M: AutodiffModule<AB> + LanguageModel<AB>,
+    M: AutodiffModule<AB> + TrainableModel<AB>,
 {
     if let Err(e) = register::<AB::InnerBackend>(peer, device.clone(), config) {
         let _ = results.send(Err(format!("registering replica {peer}: {e:?}")));
@@ -349,7 +349,7 @@ fn shard_gradients<AB, M>(
 ) -> Result<(f64, Gradients<AB::InnerBackend>), String>
 where
     AB: AutodiffBackend,
-    M: AutodiffModule<AB> + LanguageModel<AB>,
+    M: AutodiffModule<AB> + TrainableModel<AB>,
 {
     let mut grads: Option<Gradients<AB::InnerBackend>> = None;
     let mut loss_sum = 0.0;

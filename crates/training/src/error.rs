@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::model_io::BoxError;
+
 /// Everything that can stop training or its bookkeeping (checkpoints, metrics, plots).
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
@@ -57,13 +59,15 @@ pub enum TrainError {
         /// The loss value.
         loss: f32,
     },
-    /// The model or the data source reported an error (saving, loading, reading shards).
-    #[error("{context}: {message}")]
+    /// The model, the data source or the system reported an error (saving, loading, reading shards, a replica
+    /// failing); `source` is that error itself, so a caller can downcast it (e.g. to `ember_model::ModelError`).
+    #[error("{context}: {source}")]
     External {
         /// What was being done.
         context: String,
-        /// The underlying error, rendered.
-        message: String,
+        /// The underlying error.
+        #[source]
+        source: BoxError,
     },
     /// The plot could not be drawn.
     #[error("cannot draw {path}: {message}")]

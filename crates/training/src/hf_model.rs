@@ -1,13 +1,13 @@
-//! ember-model's [`Transformer`] as a trainable [`LanguageModel`], checkpointed in the Hugging Face layout.
+//! ember-model's [`Transformer`] as a trainable [`TrainableModel`], checkpointed in the Hugging Face layout.
 
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{FloatDType, Int, Tensor};
-use ember_model::{AttentionBackend, ModelDir, Transformer};
+use ember_model::{EmberBackend, ModelDir, Transformer};
 
-use crate::model_io::{BoxError, LanguageModel, ModelStore};
+use crate::model_io::{BoxError, ModelStore, TrainableModel};
 
-impl<B: AttentionBackend> LanguageModel<B> for Transformer<B> {
+impl<B: EmberBackend> TrainableModel<B> for Transformer<B> {
     fn logits(&self, tokens: Tensor<B, 2, Int>) -> Result<Tensor<B, 3>, BoxError> {
         Ok(self.forward(tokens)?)
     }
@@ -44,7 +44,7 @@ impl HfModelStore {
     }
 }
 
-impl<B: AttentionBackend> ModelStore<Transformer<B>> for HfModelStore {
+impl<B: EmberBackend> ModelStore<Transformer<B>> for HfModelStore {
     fn save(&self, model: &Transformer<B>, dir: &Path) -> Result<(), BoxError> {
         ember_model::save(model, dir)?;
         if let Some(tokenizer) = &self.tokenizer {

@@ -14,7 +14,7 @@ pub fn interrupt_flag() -> Result<Arc<AtomicBool>, TrainError> {
     for signal in [SIGINT, SIGTERM] {
         let install = |e: std::io::Error| TrainError::External {
             context: format!("installing the handler for signal {signal}"),
-            message: e.to_string(),
+            source: Box::new(e),
         };
         // Order matters: the shutdown hook sees the flag before this signal's own handler sets it, so only a
         // second signal (flag already set) exits.

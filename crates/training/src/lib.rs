@@ -1,7 +1,7 @@
 //! ember training: our own AdamW on burn's autodiff gradients, a warm-up + cosine schedule, gradient clipping and
 //! accumulation, atomic checkpoints with exact resume, a JSONL metrics log and loss plots, and the training loop.
 //!
-//! The loop ([`train`]) is generic over the model ([`LanguageModel`] + [`ModelStore`]) and the token stream
+//! The loop ([`train`]) is generic over the model ([`TrainableModel`] + [`ModelStore`]) and the token stream
 //! ([`TrainData`]), so it runs the same on ember-model's transformer and on a two-layer test model.
 
 mod adamw;
@@ -33,7 +33,7 @@ pub use loss::{cross_entropy, inputs_and_targets};
 pub use memory_data::InMemoryData;
 pub use metrics::{MetricsLog, MetricsRecord, read_metrics};
 pub use model_io::{
-    BoxError, LanguageModel, ModelStore, PARAMETERS_FILE, ParameterFileStore, TrainData,
+    BoxError, ModelStore, PARAMETERS_FILE, ParameterFileStore, TrainData, TrainableModel,
 };
 pub use params::{Gradients, ParamInfo, load_parameters, parameters, save_parameters};
 pub use plot::{draw as draw_loss_plot, plot_run};

@@ -15,7 +15,7 @@ use crate::params::{load_parameters, save_parameters};
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A causal language model: next-token logits for every position.
-pub trait LanguageModel<B: Backend>: Module<B> {
+pub trait TrainableModel<B: Backend>: Module<B> {
     /// Logits `[batch, seq, vocab]` for token ids `[batch, seq]`.
     fn logits(&self, tokens: Tensor<B, 2, Int>) -> Result<Tensor<B, 3>, BoxError>;
 

@@ -13,7 +13,7 @@ use crate::checkpoint::{OPTIMIZER_FILE, TrainerState, resolve_checkpoint, write_
 use crate::data_parallel::{DataParallel, DataParallelSettings};
 use crate::loss::inputs_and_targets;
 use crate::metrics::{MetricsLog, MetricsRecord};
-use crate::model_io::{LanguageModel, ModelStore, TrainData};
+use crate::model_io::{ModelStore, TrainData, TrainableModel};
 use crate::params::Gradients;
 use crate::schedule::CosineSchedule;
 use crate::{TrainError, plot};
@@ -144,14 +144,217 @@ pub fn train<AB, M>(
 ) -> Result<TrainSummary, TrainError>
 where
     AB: AutodiffBackend,
-    M: AutodiffModule<AB> + LanguageModel<AB> + Send + 'static,
-    M::InnerModule: LanguageModel<AB::InnerBackend>,
+    M: AutodiffModule<AB> + TrainableModel<AB> + Send + 'static,
+    M::InnerModule: TrainableModel<AB::InnerBackend>,
 {
     std::fs::create_dir_all(&settings.run_dir).map_err(|e| TrainError::io(&settings.run_dir, e))?;
     let device = model.devices().into_iter().next().unwrap_or_default();
     let mut optimizer = AdamW::<AB::InnerBackend>::new(settings.optimizer);
-    let mut model = model;
-    let mut state = TrainerState {
+    let (model, state) = restore(model, data, store, &mut optimizer, settings, observer)?;
+    let mut parallel = start_data_parallel::<AB, M>(settings, observer)?;
+    let mut model = with_precision(model, settings.precision)?;
+    let mut metrics = MetricsLog::open(&settings.run_dir.join("metrics.jsonl"), state.step)?;
+    let mut run = RunProgress::new(state);
+    let last_dir = settings.run_dir.join("last");
+    // The machines of a multi-machine run must stop at the same step (a machine that stopped alone would leave the
+    // others waiting in their next all-reduce), so there a Ctrl-C or time limit on any machine is a request, sent
+    // with the step's all-reduce, that every machine acts on once the step is done.
+    let mut agreed_stop = None;
+    let stop_reason = loop {
+        if run.state.step >= settings.max_steps {
+            break StopReason::MaxSteps;
+        }
+        let requested = run.requested_stop(settings, stop);
+        let across_machines = settings.data_parallel.nodes.is_some();
+        if let Some(reason) = if across_machines {
+            agreed_stop
+        } else {
+            requested
+        } {
+            break reason;
+        }
+        let lr = settings.schedule.lr(run.state.step);
+        let parallel = parallel.as_mut().map(|p| (p, requested));
+        let (loss, grad_norm, next, agreed) =
+            train_step(model, data, &mut optimizer, settings, lr, &device, parallel)?;
+        model = next;
+        agreed_stop = agreed;
+        run.record_step(loss, lr, grad_norm, settings, &mut metrics, observer)?;
+        if run.state.step.is_multiple_of(settings.eval_interval)
+            && evaluate_and_track(
+                &model,
+                data,
+                store,
+                &optimizer,
+                &mut run,
+                settings,
+                &mut metrics,
+                observer,
+            )?
+        {
+            break StopReason::EarlyStopping;
+        }
+        if run.state.step.is_multiple_of(settings.checkpoint_interval) {
+            save_checkpoint(&last_dir, &model, store, &optimizer, &run.state, data)?;
+        }
+    };
+    if run.last_eval_step != Some(run.state.step)
+        && run.state.step > 0
+        && stop_reason != StopReason::Interrupted
+    {
+        evaluate_and_track(
+            &model,
+            data,
+            store,
+            &optimizer,
+            &mut run,
+            settings,
+            &mut metrics,
+            observer,
+        )?;
+    }
+    run.state.elapsed_s = run.elapsed_s();
+    save_checkpoint(&last_dir, &model, store, &optimizer, &run.state, data)?;
+    observer.on_message(&format!(
+        "checkpoint written to {} (step {})",
+        last_dir.display(),
+        run.state.step
+    ));
+    match plot::plot_run(&settings.run_dir) {
+        Ok(path) => observer.on_message(&format!("loss curves drawn to {}", path.display())),
+        Err(e) => observer.on_message(&format!("warning: {e}")),
+    }
+    Ok(run.summary(stop_reason))
+}
+
+/// The persisted [`TrainerState`] plus what this invocation of [`train`] measures: its clock, losses and the
+/// throughput since the last log line.
+struct RunProgress {
+    state: TrainerState,
+    started: Instant,
+    elapsed_before: f64,
+    tokens_before: u64,
+    interval_start: (Instant, u64),
+    losses: Vec<f64>,
+    best_val_bpb: Option<f64>,
+    last_eval_step: Option<usize>,
+}
+
+impl RunProgress {
+    fn new(state: TrainerState) -> Self {
+        RunProgress {
+            started: Instant::now(),
+            elapsed_before: state.elapsed_s,
+            tokens_before: state.tokens_seen,
+            interval_start: (Instant::now(), state.tokens_seen),
+            losses: Vec::new(),
+            best_val_bpb: None,
+            last_eval_step: None,
+            state,
+        }
+    }
+
+    /// Training seconds over every invocation of the run.
+    fn elapsed_s(&self) -> f64 {
+        self.elapsed_before + self.started.elapsed().as_secs_f64()
+    }
+
+    /// Tokens per second of this invocation.
+    fn tokens_per_sec(&self) -> f64 {
+        (self.state.tokens_seen - self.tokens_before) as f64
+            / self.started.elapsed().as_secs_f64().max(1e-9)
+    }
+
+    /// A stop asked for on this machine: Ctrl-C (the `stop` flag) or the time limit.
+    fn requested_stop(&self, settings: &TrainSettings, stop: &AtomicBool) -> Option<StopReason> {
+        if stop.load(Ordering::SeqCst) {
+            Some(StopReason::Interrupted)
+        } else if settings
+            .time_limit
+            .is_some_and(|limit| self.started.elapsed() >= limit)
+        {
+            Some(StopReason::TimeLimit)
+        } else {
+            None
+        }
+    }
+
+    /// Counts a finished optimiser step, reports it, and appends a metrics line every `log_interval` steps. A
+    /// loss that is not finite ends the run.
+    fn record_step(
+        &mut self,
+        loss: f64,
+        lr: f64,
+        grad_norm: f64,
+        settings: &TrainSettings,
+        metrics: &mut MetricsLog,
+        observer: &mut dyn Observer,
+    ) -> Result<(), TrainError> {
+        let tokens_per_step =
+            (settings.batch_size * settings.block_size * settings.grad_accum_steps) as u64;
+        self.state.step += 1;
+        self.state.tokens_seen += tokens_per_step;
+        self.state.elapsed_s = self.elapsed_s();
+        if !loss.is_finite() {
+            return Err(TrainError::Diverged {
+                step: self.state.step,
+                loss: loss as f32,
+            });
+        }
+        self.losses.push(loss);
+        observer.on_step(&StepReport {
+            step: self.state.step,
+            max_steps: settings.max_steps,
+            loss,
+            lr,
+            grad_norm,
+            tokens_per_sec: self.tokens_per_sec(),
+        });
+        if self.state.step.is_multiple_of(settings.log_interval) {
+            let (since, tokens_then) = self.interval_start;
+            let rate = (self.state.tokens_seen - tokens_then) as f64
+                / since.elapsed().as_secs_f64().max(1e-9);
+            metrics.append(&MetricsRecord {
+                step: self.state.step,
+                loss: Some(loss),
+                lr: Some(lr),
+                grad_norm: Some(grad_norm),
+                tokens_per_sec: Some(rate),
+                elapsed_s: Some(self.state.elapsed_s),
+                ..Default::default()
+            })?;
+            self.interval_start = (Instant::now(), self.state.tokens_seen);
+        }
+        Ok(())
+    }
+
+    fn summary(self, stop_reason: StopReason) -> TrainSummary {
+        TrainSummary {
+            steps: self.state.step,
+            stop_reason,
+            tokens_per_sec: self.tokens_per_sec(),
+            losses: self.losses,
+            best_val_loss: self.state.best_val_loss,
+            best_val_bpb: self.best_val_bpb,
+        }
+    }
+}
+
+/// A fresh [`TrainerState`], or with `settings.resume` the model, optimizer, state and data position of
+/// `run_dir/last`.
+fn restore<AB, M>(
+    model: M,
+    data: &mut dyn TrainData,
+    store: &dyn ModelStore<M>,
+    optimizer: &mut AdamW<AB::InnerBackend>,
+    settings: &TrainSettings,
+    observer: &mut dyn Observer,
+) -> Result<(M, TrainerState), TrainError>
+where
+    AB: AutodiffBackend,
+    M: AutodiffModule<AB>,
+{
+    let state = TrainerState {
         step: 0,
         tokens_seen: 0,
         best_val_loss: None,
@@ -160,195 +363,75 @@ where
         data: serde_json::Value::Null,
         config: settings.config.clone(),
     };
-    let last_dir = settings.run_dir.join("last");
-    if settings.resume {
-        let dir = resolve_checkpoint(&last_dir).ok_or_else(|| TrainError::External {
-            context: format!("--resume: {}", last_dir.display()),
-            message: "no checkpoint to resume from (trainer_state.json missing)".into(),
-        })?;
-        state = TrainerState::load(&dir)?;
-        model = store
-            .load(model, &dir)
-            .map_err(|e| external(format!("loading the model from {}", dir.display()), e))?;
-        let optimizer_dir = dir.join(OPTIMIZER_FILE);
-        optimizer.load(&optimizer_dir, &device)?;
-        data.restore(&state.data)
-            .map_err(|e| external("restoring the data position".into(), e))?;
-        observer.on_message(&format!(
-            "resumed from {} at step {}",
-            dir.display(),
-            state.step
-        ));
+    if !settings.resume {
+        return Ok((model, state));
     }
-    if let Some(nodes) = &settings.data_parallel.nodes {
+    let last_dir = settings.run_dir.join("last");
+    let dir = resolve_checkpoint(&last_dir).ok_or_else(|| TrainError::External {
+        context: format!("--resume: {}", last_dir.display()),
+        source: "no checkpoint to resume from (trainer_state.json missing)".into(),
+    })?;
+    let state = TrainerState::load(&dir)?;
+    let model = store
+        .load(model, &dir)
+        .map_err(|e| external(format!("loading the model from {}", dir.display()), e))?;
+    let device = model.devices().into_iter().next().unwrap_or_default();
+    optimizer.load(&dir.join(OPTIMIZER_FILE), &device)?;
+    data.restore(&state.data)
+        .map_err(|e| external("restoring the data position".into(), e))?;
+    observer.on_message(&format!(
+        "resumed from {} at step {}",
+        dir.display(),
+        state.step
+    ));
+    Ok((model, state))
+}
+
+/// The data-parallel replicas `settings` asks for (`None`: train on the model's device alone), announced.
+fn start_data_parallel<AB, M>(
+    settings: &TrainSettings,
+    observer: &mut dyn Observer,
+) -> Result<Option<DataParallel<AB, M>>, TrainError>
+where
+    AB: AutodiffBackend,
+    M: AutodiffModule<AB> + TrainableModel<AB> + Send + 'static,
+{
+    let nodes = settings.data_parallel.nodes.as_ref();
+    if let Some(nodes) = nodes {
         observer.on_message(&format!(
             "machine {} of {}: registering with the orchestrator at {} (waits for every machine)",
             nodes.rank, nodes.count, nodes.orchestrator
         ));
     }
-    let mut parallel = DataParallel::<AB, M>::start(&settings.data_parallel)?;
+    let parallel = DataParallel::<AB, M>::start(&settings.data_parallel)?;
     if let Some(parallel) = &parallel {
         observer.on_message(&format!(
             "data-parallel: {} replicas on this machine{}",
             parallel.replicas(),
-            settings
-                .data_parallel
-                .nodes
-                .as_ref()
+            nodes
                 .map(|n| format!(", {} machines", n.count))
                 .unwrap_or_default()
         ));
     }
-    if settings.precision == Precision::Bf16 {
-        // Parameters, gradients and AdamW's moments stay f32 (the master weights); activations are bf16.
-        model =
-            model
-                .with_compute_dtype(FloatDType::BF16)
-                .map_err(|e| TrainError::Unsupported {
-                    key: "training.precision".into(),
-                    message: format!("bf16 mixed precision: {e}"),
-                })?;
+    Ok(parallel)
+}
+
+/// The model computing in `precision`: with bf16, activations are bf16 while parameters, gradients and AdamW's
+/// moments stay f32 (the master weights).
+fn with_precision<AB, M>(model: M, precision: Precision) -> Result<M, TrainError>
+where
+    AB: AutodiffBackend,
+    M: TrainableModel<AB>,
+{
+    if precision != Precision::Bf16 {
+        return Ok(model);
     }
-    let mut metrics = MetricsLog::open(&settings.run_dir.join("metrics.jsonl"), state.step)?;
-    let tokens_per_step =
-        (settings.batch_size * settings.block_size * settings.grad_accum_steps) as u64;
-    let started = Instant::now();
-    let elapsed_before = state.elapsed_s;
-    let tokens_before = state.tokens_seen;
-    let mut losses = Vec::new();
-    let mut best_val_bpb = None;
-    let mut last_eval_step = None;
-    let mut interval_start = (Instant::now(), state.tokens_seen);
-    // The machines of a multi-machine run must stop at the same step (a machine that stopped alone would leave the
-    // others waiting in their next all-reduce), so there a Ctrl-C or time limit on any machine is a request, sent
-    // with the step's all-reduce, that every machine acts on once the step is done.
-    let across_machines = settings.data_parallel.nodes.is_some();
-    let mut agreed_stop = None;
-    let stop_reason = loop {
-        if state.step >= settings.max_steps {
-            break StopReason::MaxSteps;
-        }
-        let requested = if stop.load(Ordering::SeqCst) {
-            Some(StopReason::Interrupted)
-        } else if settings
-            .time_limit
-            .is_some_and(|limit| started.elapsed() >= limit)
-        {
-            Some(StopReason::TimeLimit)
-        } else {
-            None
-        };
-        if let Some(reason) = if across_machines {
-            agreed_stop
-        } else {
-            requested
-        } {
-            break reason;
-        }
-        let lr = settings.schedule.lr(state.step);
-        let (loss, grad_norm, next, agreed) = train_step(
-            model,
-            data,
-            &mut optimizer,
-            settings,
-            lr,
-            &device,
-            parallel.as_mut().map(|p| (p, requested)),
-        )?;
-        model = next;
-        agreed_stop = agreed;
-        state.step += 1;
-        state.tokens_seen += tokens_per_step;
-        state.elapsed_s = elapsed_before + started.elapsed().as_secs_f64();
-        if !loss.is_finite() {
-            return Err(TrainError::Diverged {
-                step: state.step,
-                loss: loss as f32,
-            });
-        }
-        losses.push(loss);
-        let tokens_per_sec =
-            (state.tokens_seen - tokens_before) as f64 / started.elapsed().as_secs_f64().max(1e-9);
-        observer.on_step(&StepReport {
-            step: state.step,
-            max_steps: settings.max_steps,
-            loss,
-            lr,
-            grad_norm,
-            tokens_per_sec,
-        });
-        if state.step.is_multiple_of(settings.log_interval) {
-            let (since, tokens_then) = interval_start;
-            let rate =
-                (state.tokens_seen - tokens_then) as f64 / since.elapsed().as_secs_f64().max(1e-9);
-            metrics.append(&MetricsRecord {
-                step: state.step,
-                loss: Some(loss),
-                lr: Some(lr),
-                grad_norm: Some(grad_norm),
-                tokens_per_sec: Some(rate),
-                elapsed_s: Some(state.elapsed_s),
-                ..Default::default()
-            })?;
-            interval_start = (Instant::now(), state.tokens_seen);
-        }
-        if state.step.is_multiple_of(settings.eval_interval) {
-            let stop_early = evaluate_and_track(
-                &model,
-                data,
-                store,
-                &optimizer,
-                &mut state,
-                settings,
-                &mut metrics,
-                observer,
-                &mut best_val_bpb,
-            )?;
-            last_eval_step = Some(state.step);
-            if stop_early {
-                break StopReason::EarlyStopping;
-            }
-        }
-        if state.step.is_multiple_of(settings.checkpoint_interval) {
-            save_checkpoint(&last_dir, &model, store, &optimizer, &state, data)?;
-        }
-    };
-    if last_eval_step != Some(state.step)
-        && state.step > 0
-        && stop_reason != StopReason::Interrupted
-    {
-        evaluate_and_track(
-            &model,
-            data,
-            store,
-            &optimizer,
-            &mut state,
-            settings,
-            &mut metrics,
-            observer,
-            &mut best_val_bpb,
-        )?;
-    }
-    state.elapsed_s = elapsed_before + started.elapsed().as_secs_f64();
-    save_checkpoint(&last_dir, &model, store, &optimizer, &state, data)?;
-    observer.on_message(&format!(
-        "checkpoint written to {} (step {})",
-        last_dir.display(),
-        state.step
-    ));
-    match plot::plot_run(&settings.run_dir) {
-        Ok(path) => observer.on_message(&format!("loss curves drawn to {}", path.display())),
-        Err(e) => observer.on_message(&format!("warning: {e}")),
-    }
-    Ok(TrainSummary {
-        steps: state.step,
-        stop_reason,
-        losses,
-        best_val_loss: state.best_val_loss,
-        best_val_bpb,
-        tokens_per_sec: (state.tokens_seen - tokens_before) as f64
-            / started.elapsed().as_secs_f64().max(1e-9),
-    })
+    model
+        .with_compute_dtype(FloatDType::BF16)
+        .map_err(|e| TrainError::Unsupported {
+            key: "training.precision".into(),
+            message: format!("bf16 mixed precision: {e}"),
+        })
 }
 
 /// Runs `grad_accum_steps` micro-batches, clips, and applies one AdamW update. Returns the mean loss, the gradient
@@ -364,7 +447,7 @@ fn train_step<AB, M>(
 ) -> Result<(f64, f64, M, Option<StopReason>), TrainError>
 where
     AB: AutodiffBackend,
-    M: AutodiffModule<AB> + LanguageModel<AB> + Send + 'static,
+    M: AutodiffModule<AB> + TrainableModel<AB> + Send + 'static,
 {
     let micro_batches = settings.grad_accum_steps;
     if let Some((parallel, requested)) = parallel {
@@ -418,7 +501,7 @@ pub fn validation_loss<AB, M>(
 where
     AB: AutodiffBackend,
     M: AutodiffModule<AB>,
-    M::InnerModule: LanguageModel<AB::InnerBackend>,
+    M::InnerModule: TrainableModel<AB::InnerBackend>,
 {
     let inner = model.valid();
     let device = inner.devices().into_iter().next().unwrap_or_default();
@@ -428,7 +511,7 @@ where
     if batches.is_empty() {
         return Err(TrainError::External {
             context: "validation".into(),
-            message: "the validation split yields no windows; lower model.block_size or raise data.val_fraction".into(),
+            source: "the validation split yields no windows; lower model.block_size or raise data.val_fraction".into(),
         });
     }
     let (mut total, mut rows_seen) = (0.0, 0usize);
@@ -451,21 +534,21 @@ fn evaluate_and_track<AB, M>(
     data: &mut dyn TrainData,
     store: &dyn ModelStore<M>,
     optimizer: &AdamW<AB::InnerBackend>,
-    state: &mut TrainerState,
+    run: &mut RunProgress,
     settings: &TrainSettings,
     metrics: &mut MetricsLog,
     observer: &mut dyn Observer,
-    best_val_bpb: &mut Option<f64>,
 ) -> Result<bool, TrainError>
 where
     AB: AutodiffBackend,
     M: AutodiffModule<AB>,
-    M::InnerModule: LanguageModel<AB::InnerBackend>,
+    M::InnerModule: TrainableModel<AB::InnerBackend>,
 {
+    run.last_eval_step = Some(run.state.step);
     let val_loss = validation_loss::<AB, M>(model, data, settings.block_size)?;
     let val_bpb = val_loss / std::f64::consts::LN_2 / data.bytes_per_token();
     let record = MetricsRecord {
-        step: state.step,
+        step: run.state.step,
         val_loss: Some(val_loss),
         val_bpb: Some(val_bpb),
         val_ppl: Some(val_loss.exp()),
@@ -473,24 +556,24 @@ where
     };
     metrics.append(&record)?;
     observer.on_eval(&record);
-    if state.best_val_loss.is_none_or(|best| val_loss < best) {
-        state.best_val_loss = Some(val_loss);
-        state.evals_since_best = 0;
-        *best_val_bpb = Some(val_bpb);
+    if run.state.best_val_loss.is_none_or(|best| val_loss < best) {
+        run.state.best_val_loss = Some(val_loss);
+        run.state.evals_since_best = 0;
+        run.best_val_bpb = Some(val_bpb);
         save_checkpoint(
             &settings.run_dir.join("best"),
             model,
             store,
             optimizer,
-            state,
+            &run.state,
             data,
         )?;
         Ok(false)
     } else {
-        state.evals_since_best += 1;
+        run.state.evals_since_best += 1;
         Ok(settings
             .patience
-            .is_some_and(|p| state.evals_since_best >= p))
+            .is_some_and(|p| run.state.evals_since_best >= p))
     }
 }
 
@@ -513,9 +596,6 @@ fn save_checkpoint<M>(
     })
 }
 
-fn external(context: String, error: crate::model_io::BoxError) -> TrainError {
-    TrainError::External {
-        context,
-        message: error.to_string(),
-    }
+fn external(context: String, source: crate::model_io::BoxError) -> TrainError {
+    TrainError::External { context, source }
 }

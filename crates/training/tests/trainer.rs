@@ -8,8 +8,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::module::embedding;
 use burn::tensor::{Int, Tensor, TensorData};
 use ember_training::{
-    AdamWConfig, BoxError, CosineSchedule, Gradients, InMemoryData, LanguageModel, Observer,
-    ParameterFileStore, Precision, StepReport, StopReason, TrainData, TrainSettings, TrainerState,
+    AdamWConfig, BoxError, CosineSchedule, Gradients, InMemoryData, Observer, ParameterFileStore,
+    Precision, StepReport, StopReason, TrainData, TrainSettings, TrainableModel, TrainerState,
     cross_entropy, inputs_and_targets, read_metrics, train,
 };
 
@@ -29,7 +29,7 @@ struct Bigram<B: Backend> {
     proj_bias: Param<Tensor<B, 1>>,
 }
 
-impl<B: Backend> LanguageModel<B> for Bigram<B> {
+impl<B: Backend> TrainableModel<B> for Bigram<B> {
     fn logits(&self, tokens: Tensor<B, 2, Int>) -> Result<Tensor<B, 3>, BoxError> {
         let hidden = embedding(self.embed.val(), tokens);
         Ok(hidden.matmul(self.proj_weight.val().unsqueeze())

@@ -6,6 +6,7 @@
 //! unexpected layout, a padding mask) with `None` (`Err(up)` for SwiGLU, which hands back the buffer it may write
 //! into), so the caller falls back to the portable tensor-op version.
 
+mod backend;
 mod cross_entropy;
 mod flash;
 mod linear;

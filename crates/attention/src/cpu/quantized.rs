@@ -17,7 +17,7 @@ use rayon::prelude::*;
 use super::linear::{Operand, product_strided};
 use super::simd::vectorized;
 use super::{f32_slice, kernel_threads, zeroed};
-use crate::kernels::CodeLayout;
+use crate::ops::CodeLayout;
 
 /// Rows above this are multiplied tile by tile with gemm: a prompt's many rows make the product compute-bound,
 /// where dequantizing a tile once wins over re-reading the codes per row.

@@ -9,7 +9,7 @@ use burn_fusion::stream::{Operation, OperationStreams};
 use burn_fusion::{Fusion, FusionBackend, FusionRuntime};
 use burn_ir::{CustomOpIr, HandleContainer, OperationIr, TensorIr};
 
-use crate::{AttentionBackend, FlashConfig};
+use crate::{EmberBackend, FlashConfig};
 
 /// The recorded call: the IR of its inputs and outputs plus the non-tensor settings.
 #[derive(Clone, Debug)]
@@ -19,7 +19,7 @@ struct FlashForward<B> {
     _backend: PhantomData<B>,
 }
 
-impl<B: FusionBackend + AttentionBackend> Operation<B::FusionRuntime> for FlashForward<B> {
+impl<B: FusionBackend + EmberBackend> Operation<B::FusionRuntime> for FlashForward<B> {
     fn execute(
         &self,
         handles: &mut HandleContainer<<B::FusionRuntime as FusionRuntime>::FusionHandle>,
@@ -35,9 +35,7 @@ impl<B: FusionBackend + AttentionBackend> Operation<B::FusionRuntime> for FlashF
     }
 }
 
-impl<B: FusionBackend + AttentionBackend> crate::KernelBackend for Fusion<B> {}
-
-impl<B: FusionBackend + AttentionBackend> AttentionBackend for Fusion<B> {
+impl<B: FusionBackend + EmberBackend> EmberBackend for Fusion<B> {
     fn flash_attention_forward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,

@@ -4,7 +4,7 @@
 //! maximum, the running sum of exponentials and the weighted sum of values (the online softmax of
 //! FlashAttention), so no score matrix is stored. Grouped-query heads read their shared KV head in place, and
 //! causal / sliding-window limits bound the key loop rather than masking it. The backward pass stays the
-//! portable recomputing one of [`crate::flash`] (the default methods of [`AttentionBackend`]).
+//! portable recomputing one of [`crate::flash`] (the default methods of [`EmberBackend`]).
 
 mod fusion;
 mod kernel;
@@ -18,7 +18,7 @@ use burn_cubecl::{
 };
 use cubecl::{CubeDim, calculate_cube_count_elemwise};
 
-use crate::{AttentionBackend, FlashConfig};
+use crate::{EmberBackend, FlashConfig};
 use kernel::flash_forward_kernel;
 
 /// Runs [`kernel::flash_forward_kernel`] on the inputs' own float type (the backend's default, or bf16/f16 when a
@@ -86,16 +86,7 @@ fn flash_forward_typed<R: CubeRuntime, F: FloatElement>(
     (output, lse)
 }
 
-impl<R, F, I, BT> crate::KernelBackend for CubeBackend<R, F, I, BT>
-where
-    R: CubeRuntime,
-    F: FloatElement,
-    I: IntElement,
-    BT: BoolElement,
-{
-}
-
-impl<R, F, I, BT> AttentionBackend for CubeBackend<R, F, I, BT>
+impl<R, F, I, BT> EmberBackend for CubeBackend<R, F, I, BT>
 where
     R: CubeRuntime,
     F: FloatElement,

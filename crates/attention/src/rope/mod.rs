@@ -8,7 +8,7 @@ pub use config::{RopeConfig, RopeLayout, RopeScaling};
 
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData, TensorPrimitive, backend::Backend};
 
-use crate::{AttentionBackend, AttentionError};
+use crate::{AttentionError, EmberBackend};
 
 /// RoPE ready to apply: the config plus cos/sin tables for positions `0..max_positions` on one device.
 #[derive(Clone, Debug)]
@@ -56,7 +56,7 @@ impl<B: Backend> Rope<B> {
     }
 }
 
-impl<B: AttentionBackend> Rope<B> {
+impl<B: EmberBackend> Rope<B> {
     /// Rotates `x` `[batch, heads, seq, head_dim]` whose row `i` sits at position `position_offset + i`.
     ///
     /// # Panics
@@ -108,7 +108,7 @@ impl<B: AttentionBackend> Rope<B> {
     }
 
     /// Rotates `x` by angles whose full-width cos/sin are `[batch | 1, 1, seq, head_dim]`, through the backend's
-    /// [`AttentionBackend::rope_rotate`].
+    /// [`EmberBackend::rope_rotate`].
     fn rotate(&self, x: Tensor<B, 4>, cos: Tensor<B, 4>, sin: Tensor<B, 4>) -> Tensor<B, 4> {
         let head_dim = x.dims()[3];
         assert_eq!(

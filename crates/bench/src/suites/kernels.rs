@@ -2,7 +2,7 @@
 
 use burn::backend::Autodiff;
 use burn::tensor::{Distribution, Tensor};
-use ember_attention::{AttentionBackend, AttentionKernel, AttentionOptions, attention};
+use ember_attention::{AttentionKernel, AttentionOptions, EmberBackend, attention};
 
 use crate::memory;
 use crate::report::{KernelResult, KernelSettings, Pass};
@@ -40,7 +40,7 @@ fn check(settings: &KernelSettings) -> Result<(), BenchError> {
 }
 
 /// Causal self-attention inputs q `[batch, heads, seq, head_dim]`, k/v `[batch, kv_heads, seq, head_dim]`.
-fn inputs<B: AttentionBackend>(
+fn inputs<B: EmberBackend>(
     s: &KernelSettings,
     seq: usize,
     device: &B::Device,
@@ -53,12 +53,12 @@ fn inputs<B: AttentionBackend>(
     ]
 }
 
-fn sync<B: AttentionBackend>(device: &B::Device) -> Result<(), BenchError> {
+fn sync<B: EmberBackend>(device: &B::Device) -> Result<(), BenchError> {
     B::sync(device).map_err(|e| BenchError::Workload(format!("backend sync failed: {e:?}")))
 }
 
 /// Times one (kernel, pass, sequence length) point and reads the peak memory it reached.
-fn point<B: AttentionBackend>(
+fn point<B: EmberBackend>(
     kernel: AttentionKernel,
     pass: Pass,
     seq: usize,
@@ -106,7 +106,7 @@ fn point<B: AttentionBackend>(
 /// Runs every kernel of `kernels` for every pass of `passes` at every sequence length of `settings`, calling
 /// `progress` after each point. Peak memory is reported only where it can be reset per point (Linux), since a
 /// process-wide peak would carry the largest earlier point into every later one.
-pub fn run_kernel_suite<B: AttentionBackend>(
+pub fn run_kernel_suite<B: EmberBackend>(
     settings: &KernelSettings,
     kernels: &[AttentionKernel],
     passes: &[Pass],

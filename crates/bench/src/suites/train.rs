@@ -8,8 +8,8 @@ use std::time::Duration;
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use ember_training::{
-    AdamWConfig, CosineSchedule, DataParallelSettings, LanguageModel, ModelStore, Observer,
-    StepReport, TrainData, TrainSettings, train,
+    AdamWConfig, CosineSchedule, DataParallelSettings, ModelStore, Observer, StepReport, TrainData,
+    TrainSettings, TrainableModel, train,
 };
 
 use crate::memory::{self, PeakScope};
@@ -85,8 +85,8 @@ pub fn run_train_suite<AB, M>(
 ) -> Result<TrainSuite, BenchError>
 where
     AB: AutodiffBackend,
-    M: AutodiffModule<AB> + LanguageModel<AB> + Send + 'static,
-    M::InnerModule: LanguageModel<AB::InnerBackend>,
+    M: AutodiffModule<AB> + TrainableModel<AB> + Send + 'static,
+    M::InnerModule: TrainableModel<AB::InnerBackend>,
 {
     if settings.warmup == 0 || settings.steps == 0 || settings.batch == 0 || settings.seq_len == 0 {
         return Err(BenchError::InvalidSettings(

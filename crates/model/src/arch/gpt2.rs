@@ -5,7 +5,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Family, TensorSource, activation, from_value, split_layer};
-use crate::spec::{Biases, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
+use crate::spec::{Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
 use crate::tensors::{EMBED, LM_HEAD, POS_EMBED, TensorSpec};
 
 /// The GPT-2 family.
@@ -65,26 +65,27 @@ impl Family for Gpt2 {
             num_kv_heads: c.n_head,
             head_dim: c.n_embd / c.n_head,
             intermediate_size: c.n_inner.unwrap_or(4 * c.n_embd),
-            norm: NormSpec {
-                kind: NormKind::LayerNorm,
-                eps: c.layer_norm_epsilon,
-                bias: true,
-            },
-            residual: Residual::Sequential,
-            positions: Positions::Learned,
-            activation: activation("activation_function", &c.activation_function)?,
-            mlp: MlpKind::Plain,
-            biases: Biases {
-                qkv: true,
-                attn_out: true,
-                mlp_in: true,
-                mlp_out: true,
-            },
-            qk_norm: false,
-            attention_windows: vec![None; c.n_layer],
-            attention_scale: (!c.scale_attn_weights).then_some(1.0),
-            tied_embeddings: c.tie_word_embeddings,
             context_length: c.n_positions,
+            positions: Positions::Learned,
+            attention_windows: vec![None; c.n_layer],
+            features: Features {
+                norm: NormSpec {
+                    kind: NormKind::LayerNorm,
+                    eps: c.layer_norm_epsilon,
+                    bias: true,
+                },
+                activation: activation("activation_function", &c.activation_function)?,
+                mlp: MlpKind::Plain,
+                biases: Biases {
+                    qkv: true,
+                    attn_out: true,
+                    mlp_in: true,
+                    mlp_out: true,
+                },
+                attention_scale: (!c.scale_attn_weights).then_some(1.0),
+                tied_embeddings: c.tie_word_embeddings,
+                ..Features::default()
+            },
         })
     }
 
@@ -130,11 +131,11 @@ impl Family for Gpt2 {
 
     fn to_config(&self, spec: &ModelSpec) -> Result<Value, String> {
         let expressible = matches!(spec.positions, Positions::Learned)
-            && spec.norm.kind == NormKind::LayerNorm
-            && spec.norm.bias
-            && spec.mlp == MlpKind::Plain
-            && spec.residual == Residual::Sequential
-            && spec.biases
+            && spec.features.norm.kind == NormKind::LayerNorm
+            && spec.features.norm.bias
+            && spec.features.mlp == MlpKind::Plain
+            && spec.features.residual == Residual::Sequential
+            && spec.features.biases
                 == (Biases {
                     qkv: true,
                     attn_out: true,
@@ -143,9 +144,9 @@ impl Family for Gpt2 {
                 })
             && spec.num_kv_heads == spec.num_heads
             && spec.head_dim * spec.num_heads == spec.hidden_size
-            && !spec.qk_norm
+            && !spec.features.qk_norm
             && spec.attention_windows.iter().all(Option::is_none)
-            && matches!(spec.attention_scale, None | Some(1.0));
+            && matches!(spec.features.attention_scale, None | Some(1.0));
         if !expressible {
             return Err(
                 "GPT-2 needs learned positions, LayerNorm, a plain MLP, biases everywhere, \
@@ -162,10 +163,10 @@ impl Family for Gpt2 {
             "n_layer": spec.num_layers,
             "n_head": spec.num_heads,
             "n_inner": spec.intermediate_size,
-            "activation_function": spec.activation.hf_name(),
-            "layer_norm_epsilon": spec.norm.eps,
-            "tie_word_embeddings": spec.tied_embeddings,
-            "scale_attn_weights": spec.attention_scale.is_none(),
+            "activation_function": spec.features.activation.hf_name(),
+            "layer_norm_epsilon": spec.features.norm.eps,
+            "tie_word_embeddings": spec.features.tied_embeddings,
+            "scale_attn_weights": spec.features.attention_scale.is_none(),
             "torch_dtype": "float32",
         }))
     }

@@ -5,7 +5,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Family, TensorSource, activation, from_value, split_layer};
-use crate::spec::{Biases, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
+use crate::spec::{Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
 use crate::tensors::{EMBED, LM_HEAD, POS_EMBED, TensorSpec};
 
 /// The GPT-Neo family.
@@ -90,27 +90,28 @@ impl Family for GptNeo {
             num_kv_heads: c.num_heads,
             head_dim: c.hidden_size / c.num_heads,
             intermediate_size: c.intermediate_size.unwrap_or(4 * c.hidden_size),
-            norm: NormSpec {
-                kind: NormKind::LayerNorm,
-                eps: c.layer_norm_epsilon,
-                bias: true,
-            },
-            residual: Residual::Sequential,
-            positions: Positions::Learned,
-            activation: activation("activation_function", &c.activation_function)?,
-            mlp: MlpKind::Plain,
-            biases: Biases {
-                qkv: false,
-                attn_out: true,
-                mlp_in: true,
-                mlp_out: true,
-            },
-            qk_norm: false,
-            attention_windows: windows,
-            // GPT-Neo never divides scores by sqrt(head_dim).
-            attention_scale: Some(1.0),
-            tied_embeddings: c.tie_word_embeddings,
             context_length: c.max_position_embeddings,
+            positions: Positions::Learned,
+            attention_windows: windows,
+            features: Features {
+                norm: NormSpec {
+                    kind: NormKind::LayerNorm,
+                    eps: c.layer_norm_epsilon,
+                    bias: true,
+                },
+                activation: activation("activation_function", &c.activation_function)?,
+                mlp: MlpKind::Plain,
+                biases: Biases {
+                    qkv: false,
+                    attn_out: true,
+                    mlp_in: true,
+                    mlp_out: true,
+                },
+                // GPT-Neo never divides scores by sqrt(head_dim).
+                attention_scale: Some(1.0),
+                tied_embeddings: c.tie_word_embeddings,
+                ..Features::default()
+            },
         })
     }
 
@@ -145,11 +146,11 @@ impl Family for GptNeo {
     fn to_config(&self, spec: &ModelSpec) -> Result<Value, String> {
         let sizes: Vec<usize> = spec.attention_windows.iter().flatten().copied().collect();
         let expressible = matches!(spec.positions, Positions::Learned)
-            && spec.norm.kind == NormKind::LayerNorm
-            && spec.norm.bias
-            && spec.mlp == MlpKind::Plain
-            && spec.residual == Residual::Sequential
-            && spec.biases
+            && spec.features.norm.kind == NormKind::LayerNorm
+            && spec.features.norm.bias
+            && spec.features.mlp == MlpKind::Plain
+            && spec.features.residual == Residual::Sequential
+            && spec.features.biases
                 == (Biases {
                     qkv: false,
                     attn_out: true,
@@ -158,8 +159,8 @@ impl Family for GptNeo {
                 })
             && spec.num_kv_heads == spec.num_heads
             && spec.head_dim * spec.num_heads == spec.hidden_size
-            && !spec.qk_norm
-            && spec.attention_scale == Some(1.0)
+            && !spec.features.qk_norm
+            && spec.features.attention_scale == Some(1.0)
             && sizes.windows(2).all(|w| w[0] == w[1]);
         if !expressible {
             return Err("GPT-Neo needs learned positions, LayerNorm, unbiased q/k/v, unscaled scores and one \
@@ -182,9 +183,9 @@ impl Family for GptNeo {
             "intermediate_size": spec.intermediate_size,
             "attention_types": attention_types,
             "window_size": sizes.first().copied().unwrap_or(256),
-            "activation_function": spec.activation.hf_name(),
-            "layer_norm_epsilon": spec.norm.eps,
-            "tie_word_embeddings": spec.tied_embeddings,
+            "activation_function": spec.features.activation.hf_name(),
+            "layer_norm_epsilon": spec.features.norm.eps,
+            "tie_word_embeddings": spec.features.tied_embeddings,
             "torch_dtype": "float32",
         }))
     }

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Family, TensorSource, activation, from_value, rope, split_layer};
-use crate::spec::{Biases, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
+use crate::spec::{Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
 use crate::tensors::{EMBED, LM_HEAD, TensorSpec};
 
 /// The GPT-NeoX family.
@@ -75,35 +75,36 @@ impl Family for GptNeoX {
             num_kv_heads: c.num_attention_heads,
             head_dim,
             intermediate_size: c.intermediate_size,
-            norm: NormSpec {
-                kind: NormKind::LayerNorm,
-                eps: c.layer_norm_eps,
-                bias: true,
-            },
-            residual: if c.use_parallel_residual {
-                Residual::Parallel
-            } else {
-                Residual::Sequential
-            },
+            context_length: c.max_position_embeddings,
             positions: Positions::Rope(rope::parse(
                 config,
                 &NEOX_ROPE,
                 head_dim,
                 c.max_position_embeddings,
             )?),
-            activation: activation("hidden_act", &c.hidden_act)?,
-            mlp: MlpKind::Plain,
-            biases: Biases {
-                qkv: c.attention_bias,
-                attn_out: c.attention_bias,
-                mlp_in: true,
-                mlp_out: true,
-            },
-            qk_norm: false,
             attention_windows: vec![None; c.num_hidden_layers],
-            attention_scale: None,
-            tied_embeddings: c.tie_word_embeddings,
-            context_length: c.max_position_embeddings,
+            features: Features {
+                norm: NormSpec {
+                    kind: NormKind::LayerNorm,
+                    eps: c.layer_norm_eps,
+                    bias: true,
+                },
+                residual: if c.use_parallel_residual {
+                    Residual::Parallel
+                } else {
+                    Residual::Sequential
+                },
+                activation: activation("hidden_act", &c.hidden_act)?,
+                mlp: MlpKind::Plain,
+                biases: Biases {
+                    qkv: c.attention_bias,
+                    attn_out: c.attention_bias,
+                    mlp_in: true,
+                    mlp_out: true,
+                },
+                tied_embeddings: c.tie_word_embeddings,
+                ..Features::default()
+            },
         })
     }
 
@@ -153,21 +154,21 @@ impl Family for GptNeoX {
     }
 
     fn to_config(&self, spec: &ModelSpec) -> Result<Value, String> {
-        let b = spec.biases;
+        let b = spec.features.biases;
         let Positions::Rope(rope) = &spec.positions else {
             return Err("GPT-NeoX uses RoPE".to_string());
         };
-        let expressible = spec.norm.kind == NormKind::LayerNorm
-            && spec.norm.bias
-            && spec.mlp == MlpKind::Plain
+        let expressible = spec.features.norm.kind == NormKind::LayerNorm
+            && spec.features.norm.bias
+            && spec.features.mlp == MlpKind::Plain
             && b.qkv == b.attn_out
             && b.mlp_in
             && b.mlp_out
             && spec.num_kv_heads == spec.num_heads
             && spec.head_dim * spec.num_heads == spec.hidden_size
-            && !spec.qk_norm
+            && !spec.features.qk_norm
             && spec.attention_windows.iter().all(Option::is_none)
-            && spec.attention_scale.is_none()
+            && spec.features.attention_scale.is_none()
             && rope.layout == RopeLayout::RotateHalf;
         if !expressible {
             return Err("GPT-NeoX needs LayerNorm, a plain biased MLP, multi-head attention, rotate-half RoPE \
@@ -185,11 +186,11 @@ impl Family for GptNeoX {
             "num_hidden_layers": spec.num_layers,
             "num_attention_heads": spec.num_heads,
             "intermediate_size": spec.intermediate_size,
-            "hidden_act": spec.activation.hf_name(),
+            "hidden_act": spec.features.activation.hf_name(),
             "max_position_embeddings": spec.context_length,
-            "layer_norm_eps": spec.norm.eps,
-            "tie_word_embeddings": spec.tied_embeddings,
-            "use_parallel_residual": spec.residual == Residual::Parallel,
+            "layer_norm_eps": spec.features.norm.eps,
+            "tie_word_embeddings": spec.features.tied_embeddings,
+            "use_parallel_residual": spec.features.residual == Residual::Parallel,
             "attention_bias": b.qkv,
             "rotary_pct": partial,
             "rotary_emb_base": rope.theta,

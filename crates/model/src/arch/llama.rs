@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{Family, TensorSource, activation, from_value, hf_names, rope};
-use crate::spec::{Biases, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
+use crate::spec::{Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
 use crate::tensors::TensorSpec;
 
 /// The LLaMA family.
@@ -70,26 +70,25 @@ pub(crate) fn lineage_spec(
         num_kv_heads: c.num_key_value_heads.unwrap_or(c.num_attention_heads),
         head_dim,
         intermediate_size: c.intermediate_size,
-        norm: NormSpec {
-            kind: NormKind::RmsNorm,
-            eps: c.rms_norm_eps.unwrap_or(defaults.rms_norm_eps),
-            bias: false,
-        },
-        residual: Residual::Sequential,
-        positions: Positions::Rope(rope),
-        activation: activation("hidden_act", &c.hidden_act)?,
-        mlp: MlpKind::Gated,
-        biases: Biases {
-            qkv: c.attention_bias,
-            attn_out: c.attention_bias,
-            mlp_in: c.mlp_bias,
-            mlp_out: c.mlp_bias,
-        },
-        qk_norm: false,
-        attention_windows: vec![None; c.num_hidden_layers],
-        attention_scale: None,
-        tied_embeddings: c.tie_word_embeddings,
         context_length,
+        positions: Positions::Rope(rope),
+        attention_windows: vec![None; c.num_hidden_layers],
+        features: Features {
+            norm: NormSpec {
+                kind: NormKind::RmsNorm,
+                eps: c.rms_norm_eps.unwrap_or(defaults.rms_norm_eps),
+                bias: false,
+            },
+            activation: activation("hidden_act", &c.hidden_act)?,
+            biases: Biases {
+                qkv: c.attention_bias,
+                attn_out: c.attention_bias,
+                mlp_in: c.mlp_bias,
+                mlp_out: c.mlp_bias,
+            },
+            tied_embeddings: c.tie_word_embeddings,
+            ..Features::default()
+        },
     };
     Ok((c, spec))
 }
@@ -103,13 +102,13 @@ pub(crate) fn lineage_config(
     let Positions::Rope(rope) = &spec.positions else {
         return Err("learned position embeddings are not expressible (needs RoPE)".to_string());
     };
-    if spec.norm.kind != NormKind::RmsNorm
-        || spec.residual != Residual::Sequential
-        || spec.mlp != MlpKind::Gated
+    if spec.features.norm.kind != NormKind::RmsNorm
+        || spec.features.residual != Residual::Sequential
+        || spec.features.mlp != MlpKind::Gated
     {
         return Err("needs RMSNorm, a sequential residual and a gated MLP".to_string());
     }
-    if rope.layout != RopeLayout::RotateHalf || spec.attention_scale.is_some() {
+    if rope.layout != RopeLayout::RotateHalf || spec.features.attention_scale.is_some() {
         return Err("needs rotate-half RoPE and the default attention scale".to_string());
     }
     Ok(json!({
@@ -122,10 +121,10 @@ pub(crate) fn lineage_config(
         "num_attention_heads": spec.num_heads,
         "num_key_value_heads": spec.num_kv_heads,
         "head_dim": spec.head_dim,
-        "hidden_act": spec.activation.hf_name(),
+        "hidden_act": spec.features.activation.hf_name(),
         "max_position_embeddings": spec.context_length,
-        "rms_norm_eps": spec.norm.eps,
-        "tie_word_embeddings": spec.tied_embeddings,
+        "rms_norm_eps": spec.features.norm.eps,
+        "tie_word_embeddings": spec.features.tied_embeddings,
         "rope_theta": rope.theta,
         "rope_parameters": rope::to_parameters(rope),
         "torch_dtype": "float32",
@@ -152,14 +151,14 @@ impl Family for Llama {
     }
 
     fn to_config(&self, spec: &ModelSpec) -> Result<Value, String> {
-        let b = spec.biases;
+        let b = spec.features.biases;
         if b.qkv != b.attn_out || b.mlp_in != b.mlp_out {
             return Err(
                 "LLaMA biases are all-or-nothing per sublayer (attention_bias, mlp_bias)"
                     .to_string(),
             );
         }
-        if spec.qk_norm || spec.attention_windows.iter().any(Option::is_some) {
+        if spec.features.qk_norm || spec.attention_windows.iter().any(Option::is_some) {
             return Err("LLaMA has no Q/K norm and no sliding windows".to_string());
         }
         let mut config = lineage_config(spec, self.architecture(), "llama")?;

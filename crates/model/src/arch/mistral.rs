@@ -36,7 +36,7 @@ impl Family for Mistral {
         };
         let (_, mut spec) = lineage_spec(config, &defaults)?;
         // Mistral has no bias switches: transformers ignores attention_bias / mlp_bias for this class.
-        spec.biases = Default::default();
+        spec.features.biases = Default::default();
         let keys: MistralKeys = from_value(config)?;
         spec.attention_windows = vec![keys.sliding_window; spec.num_layers];
         Ok(spec)
@@ -51,7 +51,7 @@ impl Family for Mistral {
         if spec.attention_windows.iter().any(|w| *w != window) {
             return Err("Mistral uses one window for every layer".to_string());
         }
-        if spec.biases != Default::default() || spec.qk_norm {
+        if spec.features.biases != Default::default() || spec.features.qk_norm {
             return Err("Mistral has no biases and no Q/K norm".to_string());
         }
         let mut config = lineage_config(spec, self.architecture(), "mistral")?;

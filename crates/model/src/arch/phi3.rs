@@ -30,7 +30,7 @@ impl Family for Phi3 {
             head_dim: None,
         };
         let (_, mut spec) = lineage_spec(config, &defaults)?;
-        spec.biases = Default::default();
+        spec.features.biases = Default::default();
         let keys: Phi3Keys = from_value(config)?;
         spec.attention_windows = vec![keys.sliding_window; spec.num_layers];
         Ok(spec)
@@ -75,7 +75,7 @@ impl Family for Phi3 {
         if spec.attention_windows.iter().any(|w| *w != window) {
             return Err("Phi-3 uses one window for every layer".to_string());
         }
-        if spec.biases != Default::default() || spec.qk_norm {
+        if spec.features.biases != Default::default() || spec.features.qk_norm {
             return Err("Phi-3 has no biases and no Q/K norm".to_string());
         }
         let mut config = lineage_config(spec, self.architecture(), "phi3")?;

@@ -118,7 +118,7 @@ impl Family for Qwen2 {
             head_dim: None,
         };
         let (_, mut spec) = lineage_spec(config, &defaults)?;
-        spec.biases = crate::spec::Biases {
+        spec.features.biases = crate::spec::Biases {
             qkv: true,
             ..Default::default()
         };
@@ -131,12 +131,12 @@ impl Family for Qwen2 {
     }
 
     fn to_config(&self, spec: &ModelSpec) -> Result<Value, String> {
-        if spec.biases
+        if spec.features.biases
             != (crate::spec::Biases {
                 qkv: true,
                 ..Default::default()
             })
-            || spec.qk_norm
+            || spec.features.qk_norm
         {
             return Err("Qwen2 has biases on q, k, v only and no Q/K norm".to_string());
         }

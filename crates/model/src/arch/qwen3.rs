@@ -26,13 +26,13 @@ impl Family for Qwen3 {
         };
         let (c, mut spec) = lineage_spec(config, &defaults)?;
         // Qwen3's MLP never has biases; `attention_bias` covers q, k, v and o.
-        spec.biases = Biases {
+        spec.features.biases = Biases {
             qkv: c.attention_bias,
             attn_out: c.attention_bias,
             mlp_in: false,
             mlp_out: false,
         };
-        spec.qk_norm = true;
+        spec.features.qk_norm = true;
         spec.attention_windows = qwen_windows(config, spec.num_layers)?;
         Ok(spec)
     }
@@ -42,8 +42,8 @@ impl Family for Qwen3 {
     }
 
     fn to_config(&self, spec: &ModelSpec) -> Result<Value, String> {
-        let b = spec.biases;
-        if b.qkv != b.attn_out || b.mlp_in || b.mlp_out || !spec.qk_norm {
+        let b = spec.features.biases;
+        if b.qkv != b.attn_out || b.mlp_in || b.mlp_out || !spec.features.qk_norm {
             return Err(
                 "Qwen3 needs Q/K norm, no MLP biases and one attention_bias switch".to_string(),
             );

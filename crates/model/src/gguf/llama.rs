@@ -255,7 +255,7 @@ impl crate::weights::WeightSource for GgufSource<'_> {
 }
 
 /// Loads a `llama` GGUF model onto `device`: its spec and every weight dequantized to f32.
-pub fn load<B: crate::AttentionBackend>(
+pub fn load<B: crate::EmberBackend>(
     file: &GgufFile,
     device: &B::Device,
     progress: Option<crate::weights::Progress<'_>>,
@@ -266,7 +266,7 @@ pub fn load<B: crate::AttentionBackend>(
 
 /// Loads a `llama` GGUF model onto `device` keeping its Q8_0, Q4_0 and Q4_1 matrices quantized exactly as
 /// stored (the dequantized values are bit-identical to ggml's); tensors of other types load as f32.
-pub fn load_quantized<B: crate::AttentionBackend>(
+pub fn load_quantized<B: crate::EmberBackend>(
     file: &GgufFile,
     device: &B::Device,
     progress: Option<crate::weights::Progress<'_>>,

@@ -4,9 +4,7 @@
 use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor};
-use ember_attention::{
-    AttentionBackend, AttentionKernel, AttentionOptions, KvCache, Rope, attention,
-};
+use ember_attention::{AttentionKernel, AttentionOptions, EmberBackend, KvCache, Rope, attention};
 
 use super::{Linear, Norm};
 use crate::error::Result;
@@ -35,7 +33,7 @@ pub struct SelfAttention<B: Backend> {
 }
 
 /// Where the tokens of one forward call sit, shared by every layer.
-pub struct Positions<'a, B: AttentionBackend> {
+pub struct CallPositions<'a, B: EmberBackend> {
     /// Rotary tables, for RoPE models.
     pub rope: Option<&'a Rope<B>>,
     /// Absolute position of the first new token (the number of cached positions).
@@ -48,7 +46,7 @@ pub struct Positions<'a, B: AttentionBackend> {
     pub kernel: AttentionKernel,
 }
 
-impl<B: AttentionBackend> SelfAttention<B> {
+impl<B: EmberBackend> SelfAttention<B> {
     /// `x` `[batch, seq, hidden]` to `[batch, seq, hidden]`, appending this layer's keys and values to `cache`.
     pub fn forward(
         &self,
@@ -56,7 +54,7 @@ impl<B: AttentionBackend> SelfAttention<B> {
         layer: usize,
         window: Option<usize>,
         scale: Option<f64>,
-        at: &Positions<'_, B>,
+        at: &CallPositions<'_, B>,
         cache: Option<&mut (dyn KvCache<B> + '_)>,
     ) -> Result<Tensor<B, 3>> {
         let [batch, seq, _] = x.dims();

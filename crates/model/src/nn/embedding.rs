@@ -2,7 +2,7 @@
 
 use burn::module::{Module, Param};
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend, module::embedding};
-use ember_attention::AttentionBackend;
+use ember_attention::EmberBackend;
 use ember_optimization::{QuantScheme, QuantizedLinear};
 
 use crate::error::{ModelError, Result};
@@ -16,7 +16,7 @@ pub enum Embedding<B: Backend> {
     Quantized(QuantizedLinear<B>),
 }
 
-impl<B: AttentionBackend> Embedding<B> {
+impl<B: EmberBackend> Embedding<B> {
     /// `hidden` `[batch, seq, hidden]` times the transposed table: the logits of a tied LM head.
     pub fn project(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         match self {

@@ -3,7 +3,7 @@
 
 use burn::module::{Module, Param};
 use burn::tensor::{Tensor, TensorData, backend::Backend};
-use ember_attention::AttentionBackend;
+use ember_attention::EmberBackend;
 use ember_optimization::{QuantScheme, QuantizedLinear};
 
 use crate::error::{ModelError, Result};
@@ -17,7 +17,7 @@ pub struct DenseLinear<B: Backend> {
     pub bias: Option<Param<Tensor<B, 1>>>,
 }
 
-impl<B: AttentionBackend> DenseLinear<B> {
+impl<B: EmberBackend> DenseLinear<B> {
     /// Applies the layer to `x` `[..., in]`, giving `[..., out]`.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         project(x, self.weight.val(), self.bias.as_ref().map(Param::val))
@@ -32,7 +32,7 @@ impl<B: AttentionBackend> DenseLinear<B> {
 /// place. Weights are cast to `x`'s dtype, so bf16 activations meet f32 master weights in a bf16 product (mixed
 /// precision) and the gradient flows back through the cast to the f32 weights. The product is the backend's
 /// [`ember_attention::linear`] (on burn-flex, small products are split across threads by output column).
-pub(crate) fn project<B: AttentionBackend, const D: usize>(
+pub(crate) fn project<B: EmberBackend, const D: usize>(
     x: Tensor<B, D>,
     weight: Tensor<B, 2>,
     bias: Option<Tensor<B, 1>>,
@@ -53,11 +53,11 @@ pub(crate) fn project<B: AttentionBackend, const D: usize>(
 pub enum Linear<B: Backend> {
     /// f32 weight.
     Dense(DenseLinear<B>),
-    /// INT8/INT4 weight dequantized tile by tile in the matmul (see [`QuantizedLinear`]).
+    /// INT8/INT4 or GGUF-block weight, multiplied from its packed codes (see [`QuantizedLinear`]).
     Quantized(QuantizedLinear<B>),
 }
 
-impl<B: AttentionBackend> Linear<B> {
+impl<B: EmberBackend> Linear<B> {
     /// Applies the layer to `x` `[..., in]`, giving `[..., out]`.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         match self {
@@ -75,17 +75,32 @@ impl<B: Backend> Linear<B> {
 
     /// The same layer with its weight quantized with `scheme` (the bias stays f32). Already quantized layers
     /// are returned unchanged.
-    pub fn quantize(self, scheme: QuantScheme, name: &str) -> Result<Self> {
-        match self {
-            Linear::Dense(DenseLinear { weight, bias }) => {
-                QuantizedLinear::quantize(weight.val(), bias.map(|b| b.val()), scheme)
-                    .map(Linear::Quantized)
-                    .map_err(|e| ModelError::Quantization {
-                        tensor: name.to_string(),
-                        message: e.to_string(),
-                    })
-            }
-            quantized @ Linear::Quantized(_) => Ok(quantized),
+    pub fn quantize(mut self, scheme: QuantScheme, name: &str) -> Result<Self> {
+        self.quantize_in_place(scheme, name)?;
+        Ok(self)
+    }
+
+    /// Quantizes the weight with `scheme` where it is dense (the bias stays f32); `name` labels errors.
+    pub fn quantize_in_place(&mut self, scheme: QuantScheme, name: &str) -> Result<()> {
+        let Linear::Dense(DenseLinear { weight, bias }) = self else {
+            return Ok(());
+        };
+        let quantized =
+            QuantizedLinear::quantize(weight.val(), bias.as_ref().map(|b| b.val()), scheme)
+                .map_err(|e| ModelError::Quantization {
+                    tensor: name.to_string(),
+                    message: e.to_string(),
+                })?;
+        *self = Linear::Quantized(quantized);
+        Ok(())
+    }
+
+    /// The value of parameter `param` (`weight`, dequantized if quantized, or `bias`), for saving.
+    pub fn parameter(&self, param: &str) -> Option<TensorData> {
+        match param {
+            "weight" => Some(self.weight_data()),
+            "bias" => self.bias_data(),
+            _ => None,
         }
     }
 

@@ -2,7 +2,7 @@
 
 use burn::module::Module;
 use burn::tensor::{Tensor, activation, backend::Backend};
-use ember_attention::{AttentionBackend, swiglu};
+use ember_attention::{EmberBackend, swiglu};
 
 use super::Linear;
 use crate::spec::Activation;
@@ -31,7 +31,7 @@ pub fn activate<B: Backend, const D: usize>(act: Activation, x: Tensor<B, D>) ->
     }
 }
 
-impl<B: AttentionBackend> Mlp<B> {
+impl<B: EmberBackend> Mlp<B> {
     /// `x` `[batch, seq, hidden]` to `[batch, seq, hidden]`.
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let hidden = match &self.gate {

@@ -8,7 +8,7 @@ mod mlp;
 mod norm;
 
 pub use attention::SelfAttention;
-pub use block::Block;
+pub use block::{Block, BlockModule};
 pub use embedding::Embedding;
 pub use linear::{DenseLinear, Linear};
 pub use mlp::Mlp;

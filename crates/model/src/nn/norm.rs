@@ -1,8 +1,8 @@
 //! LayerNorm and RMSNorm behind one module, chosen by the spec.
 
 use burn::module::{Module, Param};
-use burn::tensor::{DType, Tensor, backend::Backend};
-use ember_attention::AttentionBackend;
+use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
+use ember_attention::EmberBackend;
 
 use crate::spec::NormKind;
 
@@ -20,7 +20,7 @@ pub struct Norm<B: Backend> {
     pub eps: f64,
 }
 
-impl<B: AttentionBackend> Norm<B> {
+impl<B: EmberBackend> Norm<B> {
     /// Normalises `x` `[..., dim]` over its last dimension. Statistics are computed in f32 whatever `x`'s dtype
     /// (a bf16 mean of squares loses the small components), and the result is returned in `x`'s dtype.
     /// RMSNorm is one backend operation ([`ember_attention::rms_norm`]).
@@ -40,5 +40,26 @@ impl<B: AttentionBackend> Norm<B> {
             None => scaled,
         };
         super::in_dtype(shifted, dtype)
+    }
+}
+
+impl<B: Backend> Norm<B> {
+    /// The value of parameter `param` (`weight` or `bias`), for saving.
+    pub fn parameter(&self, param: &str) -> Option<TensorData> {
+        match param {
+            "weight" => Some(self.weight.val().into_data()),
+            "bias" => self.bias.as_ref().map(|b| b.val().into_data()),
+            _ => None,
+        }
+    }
+
+    /// Bytes the scale and shift occupy on the device (f32).
+    pub fn memory_bytes(&self) -> usize {
+        let elements = self.weight.val().shape().num_elements()
+            + self
+                .bias
+                .as_ref()
+                .map_or(0, |b| b.val().shape().num_elements());
+        4 * elements
     }
 }

@@ -112,11 +112,11 @@ pub fn argmax(row: &[f32]) -> u32 {
 /// context 64; std 0.3), optionally with a tied head and attention biases, from `seed`.
 pub fn small_llama(seed: u64, tied: bool, biases: bool) -> ember_model::Transformer<B> {
     let mut spec = ember_model::ModelSpec::llama_style(128, 64, 2, 4, 2, 96, 64);
-    spec.tied_embeddings = tied;
+    spec.features.tied_embeddings = tied;
     if biases {
         // LLaMA's config has one switch for all attention biases.
-        spec.biases.qkv = true;
-        spec.biases.attn_out = true;
+        spec.features.biases.qkv = true;
+        spec.features.biases.attn_out = true;
     }
     ember_model::Transformer::from_source(
         &spec,

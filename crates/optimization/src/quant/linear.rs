@@ -3,7 +3,7 @@
 use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, ElementConversion, Int, Tensor, TensorData, TensorPrimitive};
-use ember_attention::{CodeLayout, KernelBackend};
+use ember_attention::{CodeLayout, EmberBackend};
 
 use crate::error::QuantError;
 use crate::quant::scheme::QuantScheme;
@@ -17,8 +17,10 @@ const DEFAULT_TILE_ELEMENTS: usize = 1 << 20;
 ///
 /// Codes live on the device packed into integer words (`u8` holding one INT8 or two INT4 codes
 /// where the backend supports `u8`, otherwise `i32` words holding four or eight), next to f32
-/// per-group scales (and minimums). [`forward`](Self::forward) dequantizes one tile of output
-/// channels at a time and multiplies it, so peak extra memory is one tile, never the f32 weight.
+/// per-group scales (and minimums). [`forward`](Self::forward) asks the backend's
+/// [`EmberBackend::quantized_dense`] kernel first (burn-flex reads the packed codes directly); elsewhere it
+/// dequantizes one tile of output channels at a time and multiplies it, so peak extra memory is one tile,
+/// never the f32 weight.
 ///
 /// It is a burn [`Module`] with constant (non-trainable) tensors, so it can sit in a model struct
 /// in place of `burn::nn::Linear`; it is meant for inference and carries no gradients.
@@ -354,10 +356,10 @@ impl<B: Backend> QuantizedLinear<B> {
     }
 }
 
-impl<B: KernelBackend> QuantizedLinear<B> {
+impl<B: EmberBackend> QuantizedLinear<B> {
     /// Applies the layer to `x: [..., in_features]`, returning `[..., out_features]`.
     ///
-    /// The backend's [`KernelBackend::quantized_dense`] runs it from the packed codes where it can (burn-flex,
+    /// The backend's [`EmberBackend::quantized_dense`] runs it from the packed codes where it can (burn-flex,
     /// with `u8` words); otherwise tiles of `tile_rows` output channels are dequantized with tensor ops and
     /// multiplied one at a time, so the f32 weight never exists whole.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {

@@ -86,7 +86,7 @@ fn swiglu_backward_kernel_matches_its_formula() {
         tensor::<Flex, 3>(shape, 7, 2.0),
         tensor::<Flex, 3>(shape, 8, 1.0),
     );
-    let (d_gate, d_up) = <Flex as KernelBackend>::swiglu_backward(
+    let (d_gate, d_up) = <Flex as EmberBackend>::swiglu_backward(
         primitive(gate.clone()),
         primitive(up.clone()),
         primitive(grad.clone()),
@@ -149,7 +149,7 @@ fn rope_kernel_equals_the_tensor_op_version_bit_for_bit() {
                     kernel.is_some(),
                     "the kernel declined: the comparison would be vacuous"
                 );
-                let ours = <Flex as AttentionBackend>::rope_rotate(
+                let ours = <Flex as EmberBackend>::rope_rotate(
                     primitive(x.clone()),
                     primitive(cos.clone()),
                     primitive(sin.clone()),
@@ -234,7 +234,7 @@ fn cross_entropy_f64(logits: &[f32], targets: &[usize], vocab: usize) -> (f64, V
 /// about 100 * 2^-24 absolute rounding (6e-6 relative after exp), so 1e-5 relative to the largest entry.
 #[test]
 fn cross_entropy_and_its_gradient_match_float64() {
-    use crate::kernels::{portable_cross_entropy, portable_cross_entropy_backward};
+    use crate::portable::{portable_cross_entropy, portable_cross_entropy_backward};
     for (batch, seq, vocab) in [(1, 3, 50), (4, 64, 2048)] {
         let rows = batch * seq;
         let logits = tensor::<Flex, 3>([batch, seq, vocab], 12, 100.0);
@@ -316,7 +316,7 @@ const NORM_SHAPES: [[usize; 3]; 2] = [[3, 7, 100], [2, 64, 576]];
 /// it, so 1e-5 relative (floor 1e-3 for outputs near 0).
 #[test]
 fn rms_norm_kernel_matches_f64() {
-    use crate::kernels::portable_rms_norm;
+    use crate::portable::portable_rms_norm;
     for shape in NORM_SHAPES {
         let x = tensor::<Flex, 3>(shape, 30, 2.0);
         let w = tensor::<Flex, 1>([shape[2]], 31, 1.5);
@@ -337,7 +337,7 @@ fn rms_norm_kernel_matches_f64() {
 /// 1e-2 (gradients of unit scale; `dweight` sums up to 128 rows).
 #[test]
 fn rms_norm_gradients_match_autodiff_through_tensor_ops() {
-    use crate::kernels::{portable_rms_norm, portable_rms_norm_backward};
+    use crate::portable::{portable_rms_norm, portable_rms_norm_backward};
     for shape in NORM_SHAPES {
         let grad = tensor::<A, 3>(shape, 34, 1.0);
         let run = |native: bool| {

@@ -5,9 +5,9 @@
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::{Tensor, TensorData, TensorPrimitive, backend::Backend};
 
-use crate::backend::portable_rope_rotate;
-use crate::kernels::{portable_swiglu, portable_swiglu_backward};
-use crate::{AttentionBackend, KernelBackend, Rope, RopeConfig, RopeLayout, swiglu};
+use crate::portable::portable_rope_rotate;
+use crate::portable::{portable_swiglu, portable_swiglu_backward};
+use crate::{EmberBackend, Rope, RopeConfig, RopeLayout, swiglu};
 
 type A = Autodiff<Flex>;
 

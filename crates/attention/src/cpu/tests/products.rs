@@ -7,7 +7,7 @@ use super::*;
 /// in different orders: 1e-5 relative to the row's largest |x|·|w| sum (about 1 here).
 #[test]
 fn dense_kernel_matches_burns_matmul() {
-    use crate::kernels::portable_linear;
+    use crate::portable::portable_linear;
     for (rows, inputs, out) in [
         (1, 576, 1000),
         (3, 576, 1000),

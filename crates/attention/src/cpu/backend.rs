@@ -1,0 +1,141 @@
+//! burn-flex's [`EmberBackend`]: every kernel runs natively (`src/cpu/`) where it handles the inputs, else the
+//! portable tensor-op version. Flash attention falls back when a key-padding mask is given (left-padded
+//! batches).
+
+use burn::backend::Flex;
+use burn::tensor::ops::{BoolTensor, FloatTensor, IntTensor};
+
+use crate::EmberBackend;
+use crate::flash::FlashConfig;
+use crate::ops::CodeLayout;
+use crate::portable::*;
+use crate::rope::RopeConfig;
+
+impl EmberBackend for Flex {
+    fn dense(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        bias: Option<FloatTensor<Self>>,
+    ) -> FloatTensor<Self> {
+        crate::cpu::dense(&x, &weight, bias.as_ref())
+            .unwrap_or_else(|| portable_linear::<Self>(x, weight, bias))
+    }
+
+    fn dense_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        crate::cpu::dense_backward(&x, &weight, &grad)
+            .unwrap_or_else(|| portable_dense_backward::<Self>(x, weight, grad))
+    }
+
+    fn rms_norm(x: FloatTensor<Self>, weight: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
+        crate::cpu::rms_norm(&x, &weight, eps)
+            .unwrap_or_else(|| portable_rms_norm::<Self>(x, weight, eps))
+    }
+
+    fn rms_norm_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        eps: f64,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        crate::cpu::rms_norm_backward(&x, &weight, eps, &grad)
+            .unwrap_or_else(|| portable_rms_norm_backward::<Self>(x, weight, eps, grad))
+    }
+
+    fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        crate::cpu::swiglu(&gate, up).unwrap_or_else(|up| portable_swiglu::<Self>(gate, up))
+    }
+
+    fn swiglu_backward(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        crate::cpu::swiglu_backward(&gate, &up, &grad)
+            .unwrap_or_else(|| portable_swiglu_backward::<Self>(gate, up, grad))
+    }
+
+    fn cross_entropy_forward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        crate::cpu::cross_entropy(&logits, &targets)
+            .unwrap_or_else(|| portable_cross_entropy::<Self>(logits, targets))
+    }
+
+    fn cross_entropy_backward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        crate::cpu::cross_entropy_backward(&logits, &targets, &lse, &grad)
+            .unwrap_or_else(|| portable_cross_entropy_backward::<Self>(logits, targets, lse, grad))
+    }
+
+    fn quantized_dense(
+        x: FloatTensor<Self>,
+        codes: IntTensor<Self>,
+        scales: FloatTensor<Self>,
+        mins: Option<FloatTensor<Self>>,
+        bias: Option<FloatTensor<Self>>,
+        layout: CodeLayout,
+    ) -> Option<FloatTensor<Self>> {
+        crate::cpu::quantized_dense(&x, &codes, &scales, mins.as_ref(), bias.as_ref(), layout)
+    }
+
+    fn flash_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_padding: Option<BoolTensor<Self>>,
+        config: FlashConfig,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        key_padding
+            .is_none()
+            .then(|| crate::cpu::flash_forward(&q, &k, &v, &config.mask, config.scale))
+            .flatten()
+            .unwrap_or_else(|| portable_flash_forward::<Self>(q, k, v, key_padding, config))
+    }
+
+    fn flash_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        key_padding: Option<BoolTensor<Self>>,
+        output: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad_output: FloatTensor<Self>,
+        config: FlashConfig,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let native = key_padding.is_none().then(|| {
+            crate::cpu::flash_backward(
+                &q,
+                &k,
+                &v,
+                &output,
+                &lse,
+                &grad_output,
+                &config.mask,
+                config.scale,
+            )
+        });
+        native.flatten().unwrap_or_else(|| {
+            portable_flash_backward::<Self>(q, k, v, key_padding, output, lse, grad_output, config)
+        })
+    }
+
+    fn rope_rotate(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        rotation: FloatTensor<Self>,
+        config: &RopeConfig,
+    ) -> FloatTensor<Self> {
+        crate::cpu::rope_rotate(&x, &cos, &sin, config)
+            .unwrap_or_else(|| portable_rope_rotate::<Self>(x, cos, sin, rotation))
+    }
+}

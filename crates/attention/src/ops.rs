@@ -1,0 +1,88 @@
+//! ember's kernels outside attention as tensor functions (the linear layer, RMSNorm, SwiGLU's gate and the
+//! cross-entropy loss), each one [`EmberBackend`] operation, and the packing of quantized codes.
+
+use burn::tensor::{Int, Tensor, TensorPrimitive};
+
+use crate::EmberBackend;
+
+/// How a quantized weight's codes are packed, for [`EmberBackend::quantized_dense`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CodeLayout {
+    /// Bits per code, 4 or 8. Two 4-bit codes share a byte: column `2i` in byte `i`'s low nibble, `2i + 1` in
+    /// its high nibble.
+    pub bits: usize,
+    /// Input features (columns) of the weight.
+    pub in_features: usize,
+    /// Consecutive columns of a row that share a scale (and minimum). Rows are stored padded to whole groups
+    /// (`in_features.div_ceil(group_len) * group_len * bits / 8` bytes); the padding codes are not weights.
+    pub group_len: usize,
+    /// Symmetric schemes: the code that stands for zero, `w = (c - zero) * scale`. `None` for asymmetric ones,
+    /// `w = c * scale + min`.
+    pub zero_code: Option<f32>,
+}
+
+/// SwiGLU's gate `silu(gate) * up` on tensors, through the backend's [`EmberBackend::swiglu`].
+pub fn swiglu<B: EmberBackend, const D: usize>(
+    gate: Tensor<B, D>,
+    up: Tensor<B, D>,
+) -> Tensor<B, D> {
+    assert_eq!(gate.dims(), up.dims(), "swiglu: gate and up shapes differ");
+    let out = B::swiglu(gate.into_primitive().tensor(), up.into_primitive().tensor());
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+/// RMSNorm of `x` over its last dimension, `x / sqrt(mean(x²) + eps) * weight`, through the backend's
+/// [`EmberBackend::rms_norm`].
+pub fn rms_norm<B: EmberBackend, const D: usize>(
+    x: Tensor<B, D>,
+    weight: Tensor<B, 1>,
+    eps: f64,
+) -> Tensor<B, D> {
+    assert_eq!(
+        x.dims()[D - 1],
+        weight.dims()[0],
+        "rms_norm: the weight does not match the last dimension"
+    );
+    let out = B::rms_norm(
+        x.into_primitive().tensor(),
+        weight.into_primitive().tensor(),
+        eps,
+    );
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+/// Mean next-token cross-entropy (nats per token) `[1]` of `logits` `[batch, seq, vocab]` against `targets`
+/// `[batch, seq]`, through the backend's [`EmberBackend::cross_entropy`].
+pub fn cross_entropy<B: EmberBackend>(
+    logits: Tensor<B, 3>,
+    targets: Tensor<B, 2, Int>,
+) -> Tensor<B, 1> {
+    let [batch, seq, vocab] = logits.dims();
+    assert_eq!(
+        targets.dims(),
+        [batch, seq],
+        "cross_entropy: targets do not match the logits"
+    );
+    let logits = logits
+        .reshape([batch * seq, vocab])
+        .into_primitive()
+        .tensor();
+    let targets = targets.reshape([batch * seq]).into_primitive();
+    Tensor::from_primitive(TensorPrimitive::Float(B::cross_entropy(logits, targets)))
+}
+
+/// A linear layer `x · Wᵀ + b` on tensors (`x` `[rows, in]`, `W` `[out, in]`), through the backend's
+/// [`EmberBackend::dense`].
+pub fn linear<B: EmberBackend>(
+    x: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+) -> Tensor<B, 2> {
+    let float = |t: Tensor<B, 2>| t.into_primitive().tensor();
+    let out = <B as EmberBackend>::dense(
+        float(x),
+        float(weight),
+        bias.map(|b| b.into_primitive().tensor()),
+    );
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}

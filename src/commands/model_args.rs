@@ -1,0 +1,244 @@
+//! The flags that say which model to run and how, shared by `generate`, `eval`, `logits` and `bench`
+//! ([`ModelArgs`], [`LoadArgs`], [`QuantizeArgs`], [`KvCacheArgs`]), and loading a model the way they ask.
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, bail};
+use ember_inference::{KvCacheKind, ModelAssets, WeightFormat};
+use ember_model::{AttentionKernel, EmberBackend, QuantScheme, Quantization, Transformer};
+
+/// The model to run (`--model`) and how to load it ([`LoadArgs`]).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Hugging Face model directory (config.json, model.safetensors, tokenizer.json), a directory written by
+    /// `ember quantize`, or a GGUF file [required].
+    #[arg(long)]
+    pub model: PathBuf,
+    #[command(flatten)]
+    pub load: LoadArgs,
+}
+
+impl ModelArgs {
+    /// Opens `--model`: spec, tokenizer and chat template, weights not yet read.
+    pub fn open(&self) -> anyhow::Result<ModelAssets> {
+        ModelAssets::open(&self.model)
+            .with_context(|| format!("opening model {}", self.model.display()))
+    }
+
+    /// Loads `assets` (opened from `--model`) as [`LoadArgs::load`] does.
+    pub fn load<B: EmberBackend>(
+        &self,
+        assets: &ModelAssets,
+        device: &B::Device,
+        quiet: bool,
+    ) -> anyhow::Result<Transformer<B>> {
+        self.load.load(assets, device, quiet)
+    }
+}
+
+/// How a model is loaded and run: its attention kernel and the format of its weights.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct LoadArgs {
+    /// Attention kernel: manual, fused or flash [default: flash].
+    #[arg(long, default_value_t = AttentionKernel::Flash)]
+    pub attention: AttentionKernel,
+    #[command(flatten)]
+    pub quantize: QuantizeArgs,
+}
+
+impl LoadArgs {
+    /// Loads `assets` onto `device` in the weight format `--quantize` asks for, computing attention with
+    /// `--attention`, behind a progress bar (hidden with `quiet`).
+    pub fn load<B: EmberBackend>(
+        &self,
+        assets: &ModelAssets,
+        device: &B::Device,
+        quiet: bool,
+    ) -> anyhow::Result<Transformer<B>> {
+        let format = self.quantize.weight_format()?;
+        Ok(load_with_progress::<B>(assets, device, &format, quiet)?.with_kernel(self.attention))
+    }
+}
+
+/// The KV cache of generation.
+#[derive(clap::Args, Debug, Clone)]
+pub struct KvCacheArgs {
+    /// KV cache: contiguous (one left-padded buffer for the batch), paged (each prompt's tokens in 16-position
+    /// blocks, released as rows finish) or paged-N for N-position blocks [default: contiguous].
+    #[arg(long, default_value = "contiguous")]
+    pub kv_cache: KvCacheKind,
+    /// Hard cap on the paged KV cache, in MiB; a batch that outgrows it fails with a message saying so
+    /// [default: what a contiguous cache of the whole context window would take].
+    #[arg(long)]
+    pub kv_budget_mib: Option<usize>,
+}
+
+impl KvCacheArgs {
+    /// The cache the flags describe; a budget without a paged cache, or of 0 MiB, is an error naming the flag.
+    pub fn kind(&self) -> anyhow::Result<KvCacheKind> {
+        Ok(match (self.kv_cache, self.kv_budget_mib) {
+            (KvCacheKind::Contiguous, Some(_)) => {
+                bail!("--kv-budget-mib applies to the paged cache; add --kv-cache paged")
+            }
+            (kind, Some(0)) => bail!("--kv-budget-mib must be at least 1 for --kv-cache {kind}"),
+            (kind, Some(mib)) => kind.with_budget_bytes(mib << 20),
+            (kind, None) => kind,
+        })
+    }
+}
+
+/// Loads `assets` onto `device` in `format` behind a tensor-count progress bar (hidden with `--quiet`).
+pub fn load_with_progress<B: EmberBackend>(
+    assets: &ModelAssets,
+    device: &B::Device,
+    format: &WeightFormat,
+    quiet: bool,
+) -> anyhow::Result<Transformer<B>> {
+    let bar = super::progress_bar(quiet, Some(0), "loading {bar:30} {pos}/{len} tensors {msg}");
+    let mut progress = |done: usize, total: usize, name: &str| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+        bar.set_message(name.to_string());
+    };
+    let model = assets.load_as::<B>(device, Some(&mut progress), format)?;
+    bar.finish_and_clear();
+    Ok(model)
+}
+
+/// How to hold the weights once loaded.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct QuantizeArgs {
+    /// Quantize the weights for inference: int8 (per output channel), int8-gN, int4 (= int4-g32), int4-gN, each
+    /// int4 form optionally with -asym (zero points); or `gguf` to keep a GGUF file's Q8_0/Q4_0/Q4_1 blocks
+    /// exactly as stored [default: none, f32 weights].
+    #[arg(long, value_name = "SCHEME")]
+    pub quantize: Option<String>,
+    /// With --quantize SCHEME: also quantize the token embedding table [default: off].
+    #[arg(long, requires = "quantize")]
+    pub quantize_embeddings: bool,
+    /// With --quantize SCHEME: keep the LM head in f32 [default: off, the head is quantized].
+    #[arg(long, requires = "quantize")]
+    pub f32_lm_head: bool,
+}
+
+impl QuantizeArgs {
+    /// The weight format the flags ask for; an unknown scheme is an error naming the flag and the accepted forms.
+    pub fn weight_format(&self) -> anyhow::Result<WeightFormat> {
+        let Some(text) = self.quantize.as_deref() else {
+            return Ok(WeightFormat::F32);
+        };
+        if text == "gguf" {
+            return Ok(WeightFormat::Stored);
+        }
+        let scheme: QuantScheme = text.parse().with_context(|| {
+            format!(
+                "--quantize {text}: expected int8, int8-gN, int4, int4-gN, int4-gN-asym or gguf \
+                 (N a multiple of 8, e.g. int4-g128)"
+            )
+        })?;
+        Ok(WeightFormat::Quantized(Quantization {
+            scheme,
+            lm_head: !self.f32_lm_head,
+            embeddings: self.quantize_embeddings,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        quantize: QuantizeArgs,
+    }
+
+    fn format(args: &[&str]) -> anyhow::Result<WeightFormat> {
+        let cli = Cli::try_parse_from(std::iter::once("t").chain(args.iter().copied()))?;
+        cli.quantize.weight_format()
+    }
+
+    #[test]
+    fn parses_every_form() {
+        assert_eq!(format(&[]).unwrap(), WeightFormat::F32);
+        assert_eq!(
+            format(&["--quantize", "gguf"]).unwrap(),
+            WeightFormat::Stored
+        );
+        let WeightFormat::Quantized(q) =
+            format(&["--quantize", "int4-g128-asym", "--f32-lm-head"]).unwrap()
+        else {
+            panic!("expected a scheme");
+        };
+        assert_eq!(q.scheme.to_string(), "int4-g128-asym");
+        assert!(!q.lm_head && !q.embeddings);
+        assert_eq!(
+            format(&["--quantize", "int8", "--quantize-embeddings"])
+                .unwrap()
+                .label(),
+            "int8+emb"
+        );
+    }
+
+    #[test]
+    fn bad_input_names_the_flag() {
+        let err = format(&["--quantize", "int3"]).unwrap_err();
+        assert!(format!("{err:#}").contains("--quantize int3"), "{err:#}");
+        assert!(
+            format(&["--quantize-embeddings"]).is_err(),
+            "needs --quantize"
+        );
+    }
+
+    #[derive(Parser)]
+    struct ModelCli {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[command(flatten)]
+        kv: KvCacheArgs,
+    }
+
+    fn parse_model(args: &[&str]) -> Result<ModelCli, clap::Error> {
+        ModelCli::try_parse_from(
+            ["t", "--model", "m"]
+                .into_iter()
+                .chain(args.iter().copied()),
+        )
+    }
+
+    #[test]
+    fn attention_is_typed_and_unknown_kernels_are_refused_by_name() {
+        assert_eq!(
+            parse_model(&[]).unwrap().model.load.attention,
+            AttentionKernel::Flash
+        );
+        let manual = parse_model(&["--attention", "manual"]).unwrap();
+        assert_eq!(manual.model.load.attention, AttentionKernel::Manual);
+        let err = parse_model(&["--attention", "sparse"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("sparse") && err.contains("--attention"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_kv_budget_needs_a_paged_cache() {
+        let err = parse_model(&["--kv-budget-mib", "4"])
+            .unwrap()
+            .kv
+            .kind()
+            .unwrap_err();
+        assert!(err.to_string().contains("--kv-cache paged"), "{err}");
+        let paged = parse_model(&["--kv-cache", "paged", "--kv-budget-mib", "4"]).unwrap();
+        assert_eq!(
+            paged.kv.kind().unwrap(),
+            KvCacheKind::paged().with_budget_bytes(4 << 20)
+        );
+    }
+}
