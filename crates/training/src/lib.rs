@@ -16,6 +16,7 @@ mod metrics;
 mod model_io;
 mod params;
 mod plot;
+mod run_progress;
 mod schedule;
 mod shard_data;
 mod tensor_file;

@@ -1,8 +1,8 @@
 //! The training loop: micro-batches, accumulation, clipping, AdamW, validation, checkpoints, early stopping.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
 use burn::module::{AutodiffModule, Module};
 use burn::tensor::backend::AutodiffBackend;
@@ -15,6 +15,7 @@ use crate::loss::inputs_and_targets;
 use crate::metrics::{MetricsLog, MetricsRecord};
 use crate::model_io::{ModelStore, TrainData, TrainableModel};
 use crate::params::Gradients;
+use crate::run_progress::RunProgress;
 use crate::schedule::CosineSchedule;
 use crate::{TrainError, plot};
 
@@ -227,119 +228,6 @@ where
     Ok(run.summary(stop_reason))
 }
 
-/// The persisted [`TrainerState`] plus what this invocation of [`train`] measures: its clock, losses and the
-/// throughput since the last log line.
-struct RunProgress {
-    state: TrainerState,
-    started: Instant,
-    elapsed_before: f64,
-    tokens_before: u64,
-    interval_start: (Instant, u64),
-    losses: Vec<f64>,
-    best_val_bpb: Option<f64>,
-    last_eval_step: Option<usize>,
-}
-
-impl RunProgress {
-    fn new(state: TrainerState) -> Self {
-        RunProgress {
-            started: Instant::now(),
-            elapsed_before: state.elapsed_s,
-            tokens_before: state.tokens_seen,
-            interval_start: (Instant::now(), state.tokens_seen),
-            losses: Vec::new(),
-            best_val_bpb: None,
-            last_eval_step: None,
-            state,
-        }
-    }
-
-    /// Training seconds over every invocation of the run.
-    fn elapsed_s(&self) -> f64 {
-        self.elapsed_before + self.started.elapsed().as_secs_f64()
-    }
-
-    /// Tokens per second of this invocation.
-    fn tokens_per_sec(&self) -> f64 {
-        (self.state.tokens_seen - self.tokens_before) as f64
-            / self.started.elapsed().as_secs_f64().max(1e-9)
-    }
-
-    /// A stop asked for on this machine: Ctrl-C (the `stop` flag) or the time limit.
-    fn requested_stop(&self, settings: &TrainSettings, stop: &AtomicBool) -> Option<StopReason> {
-        if stop.load(Ordering::SeqCst) {
-            Some(StopReason::Interrupted)
-        } else if settings
-            .time_limit
-            .is_some_and(|limit| self.started.elapsed() >= limit)
-        {
-            Some(StopReason::TimeLimit)
-        } else {
-            None
-        }
-    }
-
-    /// Counts a finished optimiser step, reports it, and appends a metrics line every `log_interval` steps. A
-    /// loss that is not finite ends the run.
-    fn record_step(
-        &mut self,
-        loss: f64,
-        lr: f64,
-        grad_norm: f64,
-        settings: &TrainSettings,
-        metrics: &mut MetricsLog,
-        observer: &mut dyn Observer,
-    ) -> Result<(), TrainError> {
-        let tokens_per_step =
-            (settings.batch_size * settings.block_size * settings.grad_accum_steps) as u64;
-        self.state.step += 1;
-        self.state.tokens_seen += tokens_per_step;
-        self.state.elapsed_s = self.elapsed_s();
-        if !loss.is_finite() {
-            return Err(TrainError::Diverged {
-                step: self.state.step,
-                loss: loss as f32,
-            });
-        }
-        self.losses.push(loss);
-        observer.on_step(&StepReport {
-            step: self.state.step,
-            max_steps: settings.max_steps,
-            loss,
-            lr,
-            grad_norm,
-            tokens_per_sec: self.tokens_per_sec(),
-        });
-        if self.state.step.is_multiple_of(settings.log_interval) {
-            let (since, tokens_then) = self.interval_start;
-            let rate = (self.state.tokens_seen - tokens_then) as f64
-                / since.elapsed().as_secs_f64().max(1e-9);
-            metrics.append(&MetricsRecord {
-                step: self.state.step,
-                loss: Some(loss),
-                lr: Some(lr),
-                grad_norm: Some(grad_norm),
-                tokens_per_sec: Some(rate),
-                elapsed_s: Some(self.state.elapsed_s),
-                ..Default::default()
-            })?;
-            self.interval_start = (Instant::now(), self.state.tokens_seen);
-        }
-        Ok(())
-    }
-
-    fn summary(self, stop_reason: StopReason) -> TrainSummary {
-        TrainSummary {
-            steps: self.state.step,
-            stop_reason,
-            tokens_per_sec: self.tokens_per_sec(),
-            losses: self.losses,
-            best_val_loss: self.state.best_val_loss,
-            best_val_bpb: self.best_val_bpb,
-        }
-    }
-}
-
 /// A fresh [`TrainerState`], or with `settings.resume` the model, optimizer, state and data position of
 /// `run_dir/last`.
 fn restore<AB, M>(
@@ -546,6 +434,13 @@ where
 {
     run.last_eval_step = Some(run.state.step);
     let val_loss = validation_loss::<AB, M>(model, data, settings.block_size)?;
+    // A NaN would compare as "no better" forever but, on the first pass, be saved as the best model.
+    if !val_loss.is_finite() {
+        return Err(TrainError::Diverged {
+            step: run.state.step,
+            loss: val_loss as f32,
+        });
+    }
     let val_bpb = val_loss / std::f64::consts::LN_2 / data.bytes_per_token();
     let record = MetricsRecord {
         step: run.state.step,
