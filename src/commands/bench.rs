@@ -143,8 +143,8 @@ fn emit(report: &Report, format: Format, output: Option<&Path>) -> anyhow::Resul
             .with_context(|| format!("writing {}", path.display()))?;
     }
     match format {
-        Format::Json => println!("{json}"),
-        Format::Table => print!("{}", render_report(report)),
+        Format::Json => super::println(&json)?,
+        Format::Table => super::print(&render_report(report))?,
     }
     Ok(())
 }
@@ -153,12 +153,12 @@ fn run_compare(old: &Path, new: &Path, noise: f64) -> anyhow::Result<()> {
     let old_report = Report::read(old)?;
     let new_report = Report::read(new)?;
     let comparison = compare(&old_report, &new_report, noise)?;
-    println!(
-        "comparing {} (old) with {} (new)",
+    super::print(&format!(
+        "comparing {} (old) with {} (new)\n{}",
         old.display(),
-        new.display()
-    );
-    print!("{}", render_comparison(&comparison));
+        new.display(),
+        render_comparison(&comparison)
+    ))?;
     Ok(())
 }
 

@@ -144,9 +144,9 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
     };
     let report = ctx.dispatch(None, job)??;
     if json {
-        println!("{report}");
+        super::println(&report.to_string())?;
     } else {
-        println!(
+        super::println(&format!(
             "{} ({}, weights {:.1} MiB): {} tokens in windows of {}, loss {:.4} nats, perplexity {:.3}, \
              {:.4} bits/byte ({:.1} s)",
             report["model"].as_str().unwrap_or_default(),
@@ -158,7 +158,7 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
             report["perplexity"].as_f64().unwrap_or_default(),
             report["bits_per_byte"].as_f64().unwrap_or_default(),
             report["seconds"].as_f64().unwrap_or_default(),
-        );
+        ))?;
     }
     Ok(())
 }

@@ -159,11 +159,13 @@ fn run_batch<B: EmberBackend>(
     let mut stdout = std::io::stdout().lock();
     for g in &generations {
         match format {
-            Format::Json => writeln!(stdout, "{}", json_line(g))?,
-            Format::Text if stream => writeln!(stdout)?,
-            Format::Text if tokenizer.is_some() => writeln!(stdout, "{}", g.text)?,
-            Format::Text => writeln!(stdout, "{}", ids_text(&g.ids))?,
+            Format::Json => writeln!(stdout, "{}", json_line(g)),
+            Format::Text if stream => writeln!(stdout),
+            Format::Text if tokenizer.is_some() => writeln!(stdout, "{}", g.text),
+            Format::Text => writeln!(stdout, "{}", ids_text(&g.ids)),
         }
+        .and_then(|()| stdout.flush())
+        .map_err(super::StdoutError)?;
     }
     Ok(())
 }
@@ -227,7 +229,9 @@ fn run_interactive<B: EmberBackend>(
         let reply = chat.turn(lm, &ids, Some(tokenizer), config, &mut |piece| {
             let _ = write!(stdout, "{piece}").and_then(|()| stdout.flush());
         })?;
-        writeln!(stdout)?;
+        writeln!(stdout)
+            .and_then(|()| stdout.flush())
+            .map_err(super::StdoutError)?;
         cached_text = format!("{rendered}{}", tokenizer.decode(&reply.ids)?);
         messages.push(Message::new("assistant", &reply.text));
     }
