@@ -9,6 +9,7 @@ mod backend;
 mod cli;
 mod commands;
 mod config;
+mod flags;
 mod logging;
 
 use std::process::ExitCode;

@@ -22,18 +22,18 @@ pub struct Args {
     pub text: PathBuf,
     /// Score only this last fraction of the text, from the first line start inside it: the text analogue of
     /// `ember prepare`'s contiguous-tail validation split, comparable across tokenizers; 1 scores everything
-    /// [default: 0.1].
-    #[arg(long, default_value_t = 0.1)]
+    /// A fraction in (0, 1] [default: 0.1].
+    #[arg(long, default_value_t = 0.1, value_parser = crate::flags::fraction_up_to_one)]
     pub tail: f64,
-    /// Tokens per scoring window (each window's first token is context only) [default: 256, at most the
-    /// model's context length].
-    #[arg(long, default_value_t = 256)]
+    /// Tokens per scoring window (each window's first token is context only), 2..=1048576; a window longer
+    /// than the model's context length is cut to it [default: 256].
+    #[arg(long, default_value_t = 256, value_parser = crate::flags::two_or_more_tokens)]
     pub window: usize,
-    /// Windows per forward pass [default: 4].
-    #[arg(long, default_value_t = 4)]
+    /// Windows per forward pass, 1..=1024 [default: 4].
+    #[arg(long, default_value_t = 4, value_parser = crate::flags::batch)]
     pub batch: usize,
-    /// Score at most this many tokens from the start of the tail [default: all].
-    #[arg(long)]
+    /// Score at most this many tokens from the start of the tail, an integer >= 1 [default: all].
+    #[arg(long, value_parser = crate::flags::positive)]
     pub max_tokens: Option<usize>,
     /// Print one JSON object instead of text [default: off].
     #[arg(long)]
@@ -103,9 +103,6 @@ impl BackendJob for EvalJob {
 
 /// Runs `ember eval`.
 pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
-    if !(args.tail > 0.0 && args.tail <= 1.0) {
-        bail!("--tail {}: expected a fraction in (0, 1]", args.tail);
-    }
     let precision = args.model.load.quantize.weight_format()?;
     let assets = args.model.open()?;
     let tokenizer = assets.tokenizer.as_ref().with_context(|| {
