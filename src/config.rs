@@ -354,4 +354,6 @@ pub mod limits;
 mod validate;
 
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod tests;
