@@ -54,6 +54,24 @@ fn tail_of(text: &str, tail: f64) -> &str {
     &text[start..]
 }
 
+/// Largest logits tensor one scoring pass may produce: `[batch, window, vocab]` f32. 8 GiB is what a 16 GB machine
+/// or device holds next to the model; past it the allocation aborts the process instead of failing.
+const MAX_LOGITS_BYTES: u128 = 8 << 30;
+
+/// Refuses `--batch` × `--window` whose logits would pass [`MAX_LOGITS_BYTES`], saying how much they would take.
+fn check_logits_memory(batch: usize, window: usize, vocab: usize) -> anyhow::Result<()> {
+    let bytes = batch as u128 * window as u128 * vocab as u128 * 4;
+    if bytes > MAX_LOGITS_BYTES {
+        bail!(
+            "--batch {batch} × --window {window}: the [batch, window, {vocab}] f32 logits of one pass would take \
+             {:.1} GiB, above the limit of {} GiB; lower --batch or --window",
+            bytes as f64 / (1u64 << 30) as f64,
+            MAX_LOGITS_BYTES >> 30
+        );
+    }
+    Ok(())
+}
+
 struct EvalJob {
     assets: ModelAssets,
     ids: Vec<u32>,
@@ -72,6 +90,7 @@ impl BackendJob for EvalJob {
             .model
             .load::<B>(&self.assets, &device, self.quiet)?;
         let window = self.args.window.min(model.spec().context_length);
+        check_logits_memory(self.args.batch, window, model.spec().vocab_size)?;
         let bar = super::progress_bar(
             self.quiet,
             Some(0),
@@ -163,6 +182,17 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::tail_of;
+
+    #[test]
+    fn logits_past_the_memory_limit_are_refused_naming_both_flags() {
+        assert!(super::check_logits_memory(4, 2048, 49_152).is_ok());
+        let err = super::check_logits_memory(1024, 2048, 49_152).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("--batch 1024") && text.contains("--window 2048"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn tail_starts_at_a_line() {
