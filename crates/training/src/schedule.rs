@@ -19,7 +19,8 @@ pub struct CosineSchedule {
 pub const MAX_LEARNING_RATE: f64 = 1.0;
 
 impl CosineSchedule {
-    /// Checks the rates and steps: `peak` in (0, [`MAX_LEARNING_RATE`]], `floor` in [0, peak], warm-up no
+    /// Checks the rates and steps: `peak` in (0, 1] (AdamW moves every weight by about the rate per step, so a
+    /// rate above 1 moves weights initialised near 0.02 by 50x their size), `floor` in [0, peak], warm-up no
     /// longer than the schedule. The error names the field (`peak`, `floor`, `warmup_steps`) and the range.
     pub fn validate(&self) -> Result<(), crate::TrainError> {
         let refuse = |key: &str, message: String| {
