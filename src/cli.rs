@@ -19,8 +19,8 @@ pub struct Cli {
     #[arg(long, short, global = true)]
     pub quiet: bool,
 
-    /// Number of CPU threads for the CPU backends and data work [default: all cores].
-    #[arg(long, global = true)]
+    /// Number of CPU threads for the CPU backends and data work, 1..=1024 [default: all cores].
+    #[arg(long, global = true, value_parser = crate::flags::threads)]
     pub threads: Option<usize>,
 
     /// What to do.

@@ -9,6 +9,7 @@ mod backend;
 mod cli;
 mod commands;
 mod config;
+mod flags;
 mod logging;
 
 use std::process::ExitCode;
@@ -34,11 +35,23 @@ fn main() -> ExitCode {
     }
     match commands::run(cli.command, &ctx) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of stdout went away (`ember info --json | head`): what it read is what it wanted.
+        Err(err) if closed_stdout(&err) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {}", error_message(&err));
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether `err` is (or was caused by) writing to a stdout whose reader has closed it. Only a
+/// [`commands::StdoutError`] counts: a broken pipe to another machine of a training run is a real failure.
+fn closed_stdout(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<commands::StdoutError>()
+            .is_some_and(commands::StdoutError::is_closed_pipe)
+    })
 }
 
 /// `err` and its causes joined with `: `, each cause once. Library errors spell out their cause in their own

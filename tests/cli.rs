@@ -132,3 +132,188 @@ fn a_missing_config_file_is_an_error_naming_it() {
         stderr(&out)
     );
 }
+
+fn fixture(path: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(
+        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
+    )
+    .join(path)
+}
+
+/// The values issue 25's fuzzing found accepted (or hanging, or panicking), through the real binary: each is a
+/// usage error (exit 2) naming the flag, before anything runs. The full table of flags and values is
+/// `flags::tests` (clap's parser in-process, much cheaper); these prove the binary uses it.
+#[test]
+fn out_of_range_flags_are_usage_errors_naming_the_flag() {
+    let model = fixture("crates/model/tests/fixtures/llama3");
+    let m = model.to_str().unwrap();
+    let generate = |flag: &str, value: &str| {
+        ember(&[
+            "generate",
+            "--model",
+            m,
+            "--tokens",
+            "1",
+            &format!("{flag}={value}"),
+        ])
+    };
+    let cases = [
+        (
+            "--threads",
+            ember(&["--threads", "100000", "info", "--model", m]),
+        ),
+        ("--temperature", generate("--temperature", "NaN")),
+        ("--temperature", generate("--temperature", "-1")),
+        ("--top-p", generate("--top-p", "0")),
+        ("--top-p", generate("--top-p", "2")),
+        ("--min-p", generate("--min-p", "1")),
+        (
+            "--repetition-penalty",
+            generate("--repetition-penalty", "0"),
+        ),
+        (
+            "--frequency-penalty",
+            generate("--frequency-penalty", "NaN"),
+        ),
+        (
+            "--time-limit",
+            ember(&["train", "--config", "c.yaml", "--time-limit", "1e300"]),
+        ),
+    ];
+    for (flag, out) in cases {
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
+        assert!(
+            err.contains(flag) && err.contains("expected"),
+            "{flag}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn logits_past_the_context_length_name_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = fixture("crates/model/tests/fixtures/llama3");
+    // The fixture's config.json has max_position_embeddings 64.
+    let ids = vec!["1"; 65].join(",");
+    let output = dir.path().join("logits.safetensors");
+    let out = ember(&[
+        "--backend",
+        "cpu",
+        "logits",
+        "--model",
+        model.to_str().unwrap(),
+        "--tokens",
+        &ids,
+        "--output",
+        output.to_str().unwrap(),
+    ]);
+    let err = stderr(&out);
+    assert!(
+        !out.status.success(),
+        "65 positions of a 64-token model were accepted"
+    );
+    assert!(
+        err.contains("--tokens") && err.contains("context length of 64"),
+        "{err}"
+    );
+    assert!(!output.exists(), "nothing is written");
+}
+
+/// `ember info --json | head`: the reader closes the pipe before ember writes. That used to panic in
+/// `println!`; now ember stops quietly with success, like any filter.
+#[test]
+fn a_closed_stdout_ends_quietly() {
+    let model = fixture("crates/model/tests/fixtures/llama3");
+    let m = model.to_str().unwrap();
+    let tokenizer = fixture("crates/tokenizer/tests/fixtures/llama3_style.tokenizer.json");
+    let runs: [(&[&str], &[u8]); 3] = [
+        (&["info", "--json", "--model", m], b""),
+        (&["info", "--model", m], b""),
+        (
+            &["tokenize", "--tokenizer", tokenizer.to_str().unwrap()],
+            b"hello world",
+        ),
+    ];
+    for (args, input) in runs {
+        let (reader, writer) = std::io::pipe().unwrap();
+        // No reader left: every write to the pipe fails with EPIPE.
+        drop(reader);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(args)
+            .env_remove("EMBER_BACKEND")
+            .stdin(std::process::Stdio::piped())
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(input).unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        let err = stderr(&out);
+        assert!(!err.contains("panicked"), "ember {args:?}: {err}");
+        assert!(
+            out.status.success(),
+            "ember {args:?}: {:?} {err}",
+            out.status
+        );
+    }
+}
+
+#[test]
+fn a_config_value_out_of_range_names_the_file_the_key_and_the_range() {
+    let dir = tempfile::tempdir().unwrap();
+    for (yaml, key, range) in [
+        (
+            "training:\n  weight_decay: .nan\n",
+            "training.weight_decay",
+            ">= 0",
+        ),
+        (
+            "training:\n  time_limit_min: 1.0e300\n",
+            "training.time_limit_min",
+            "525600",
+        ),
+        ("model:\n  norm_eps: 0\n", "model.norm_eps", "(0, 1)"),
+        (
+            "training:\n  devices: 18446744073709551615\n",
+            "training.devices",
+            "1..=16",
+        ),
+    ] {
+        let config = dir.path().join("hostile.yaml");
+        std::fs::write(&config, yaml).unwrap();
+        let out = ember(&["train", "--config", config.to_str().unwrap()]);
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{yaml}");
+        assert!(
+            err.contains("hostile.yaml") && err.contains(key) && err.contains(range),
+            "{yaml}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn a_kernel_bench_too_large_for_memory_is_refused_before_allocating() {
+    let out = ember(&[
+        "--backend",
+        "cpu",
+        "--quiet",
+        "bench",
+        "--suite",
+        "kernels",
+        "--seq-lens",
+        "1048576",
+    ]);
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--seq-lens 1048576") && err.contains("GiB"),
+        "{err}"
+    );
+}

@@ -62,20 +62,22 @@ pub struct Args {
     /// KV cache of --model: contiguous, paged (16-position blocks) or paged-N [default: contiguous].
     #[arg(long, default_value = "contiguous")]
     pub kv_cache: KvCacheKind,
-    /// Sequences per batch [default: 1 for --model, the config's training.batch_size for --suite train].
-    #[arg(long)]
+    /// Sequences per batch, 1..=1024 [default: 1 for --model, the config's training.batch_size for --suite
+    /// train].
+    #[arg(long, value_parser = crate::flags::batch)]
     pub batch: Option<usize>,
-    /// Prompt tokens per sequence for --model (a fixed synthetic prompt spread over the vocabulary) [default: 128].
-    #[arg(long, default_value_t = 128)]
+    /// Prompt tokens per sequence for --model (a fixed synthetic prompt spread over the vocabulary),
+    /// 1..=1048576 [default: 128].
+    #[arg(long, default_value_t = 128, value_parser = crate::flags::token_count)]
     pub prompt_len: usize,
-    /// Tokens generated per sequence for --model, the first by the prefill [default: 64].
-    #[arg(long, default_value_t = 64)]
+    /// Tokens generated per sequence for --model, the first by the prefill, 2..=1048576 [default: 64].
+    #[arg(long, default_value_t = 64, value_parser = crate::flags::two_or_more_tokens)]
     pub gen_len: usize,
-    /// Measured runs (training steps for --suite train) [default: 5].
-    #[arg(long, default_value_t = 5)]
+    /// Measured runs (training steps for --suite train), 1..=10000 [default: 5].
+    #[arg(long, default_value_t = 5, value_parser = crate::flags::runs)]
     pub runs: usize,
-    /// Discarded warm-up runs before measuring (at least 1 for --suite train) [default: 1].
-    #[arg(long, default_value_t = 1)]
+    /// Discarded warm-up runs before measuring (at least 1 for --suite train), 0..=10000 [default: 1].
+    #[arg(long, default_value_t = 1, value_parser = crate::flags::warmup)]
     pub warmup: usize,
     /// Output format [default: table].
     #[arg(long, value_enum, default_value_t = Format::Table)]
@@ -83,11 +85,11 @@ pub struct Args {
     /// Also write the JSON report to this file [default: none].
     #[arg(long)]
     pub output: Option<PathBuf>,
-    /// Relative change that --compare counts as noise, as a fraction [default: 0.05, i.e. 5%].
-    #[arg(long, default_value_t = 0.05)]
+    /// Relative change that --compare counts as noise, a fraction in [0, 1] [default: 0.05, i.e. 5%].
+    #[arg(long, default_value_t = 0.05, value_parser = crate::flags::noise)]
     pub noise: f64,
-    /// Sequence lengths of --suite kernels, comma-separated [default: 128,256,512,1024].
-    #[arg(long, value_delimiter = ',')]
+    /// Sequence lengths of --suite kernels, comma-separated, each 1..=1048576 [default: 128,256,512,1024].
+    #[arg(long, value_delimiter = ',', value_parser = crate::flags::token_count)]
     pub seq_lens: Vec<usize>,
     /// Kernels of --suite kernels, comma-separated [default: manual,fused,flash].
     #[arg(long, value_delimiter = ',')]
@@ -101,8 +103,9 @@ pub struct Args {
     /// Run config whose model --suite train trains on synthetic tokens [default: configs/default.yaml].
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Tokens per training sequence for --suite train [default: the config's model.block_size].
-    #[arg(long)]
+    /// Tokens per training sequence for --suite train, 1..=1048576 and at most the config's model.block_size
+    /// [default: the config's model.block_size].
+    #[arg(long, value_parser = crate::flags::token_count)]
     pub seq_len: Option<usize>,
 }
 
@@ -143,8 +146,8 @@ fn emit(report: &Report, format: Format, output: Option<&Path>) -> anyhow::Resul
             .with_context(|| format!("writing {}", path.display()))?;
     }
     match format {
-        Format::Json => println!("{json}"),
-        Format::Table => print!("{}", render_report(report)),
+        Format::Json => super::println(&json)?,
+        Format::Table => super::print(&render_report(report))?,
     }
     Ok(())
 }
@@ -153,12 +156,35 @@ fn run_compare(old: &Path, new: &Path, noise: f64) -> anyhow::Result<()> {
     let old_report = Report::read(old)?;
     let new_report = Report::read(new)?;
     let comparison = compare(&old_report, &new_report, noise)?;
-    println!(
-        "comparing {} (old) with {} (new)",
+    super::print(&format!(
+        "comparing {} (old) with {} (new)\n{}",
         old.display(),
-        new.display()
-    );
-    print!("{}", render_comparison(&comparison));
+        new.display(),
+        render_comparison(&comparison)
+    ))?;
+    Ok(())
+}
+
+/// Largest attention score matrix the kernel suite builds, in bytes: the manual kernel (and autodiff's saved
+/// activations for the others) holds `[batch, heads, seq, seq]` f32 scores, which grow with the square of the
+/// sequence length; 8 GiB is what a 16 GB device or machine can hold next to the inputs and gradients.
+const MAX_SCORE_BYTES: u128 = 8 << 30;
+
+/// Refuses `--seq-lens` / `--batch` whose score matrix would pass [`MAX_SCORE_BYTES`], saying how much it would
+/// take, before anything is allocated.
+fn check_score_memory(batch: usize, heads: usize, seq_lens: &[usize]) -> anyhow::Result<()> {
+    for &seq in seq_lens {
+        // u128: batch, heads and seq are each below 2^21, so the product cannot overflow.
+        let bytes = batch as u128 * heads as u128 * seq as u128 * seq as u128 * 4;
+        if bytes > MAX_SCORE_BYTES {
+            bail!(
+                "--seq-lens {seq} with --batch {batch}: the [batch, {heads} heads, seq, seq] f32 attention scores \
+                 would take {:.1} GiB, above the suite's limit of {} GiB; lower --seq-lens or --batch",
+                bytes as f64 / (1u64 << 30) as f64,
+                MAX_SCORE_BYTES >> 30
+            );
+        }
+    }
     Ok(())
 }
 
@@ -260,6 +286,7 @@ impl BenchJob {
             settings.seq_lens = args.seq_lens.clone();
         }
         settings.batch = args.batch.unwrap_or(settings.batch);
+        check_score_memory(settings.batch, settings.heads, &settings.seq_lens)?;
         settings.runs = args.runs;
         settings.warmup = args.warmup;
         let kernel_list = if args.kernels.is_empty() {

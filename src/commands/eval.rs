@@ -22,18 +22,18 @@ pub struct Args {
     pub text: PathBuf,
     /// Score only this last fraction of the text, from the first line start inside it: the text analogue of
     /// `ember prepare`'s contiguous-tail validation split, comparable across tokenizers; 1 scores everything
-    /// [default: 0.1].
-    #[arg(long, default_value_t = 0.1)]
+    /// A fraction in (0, 1] [default: 0.1].
+    #[arg(long, default_value_t = 0.1, value_parser = crate::flags::fraction_up_to_one)]
     pub tail: f64,
-    /// Tokens per scoring window (each window's first token is context only) [default: 256, at most the
-    /// model's context length].
-    #[arg(long, default_value_t = 256)]
+    /// Tokens per scoring window (each window's first token is context only), 2..=1048576; a window longer
+    /// than the model's context length is cut to it [default: 256].
+    #[arg(long, default_value_t = 256, value_parser = crate::flags::two_or_more_tokens)]
     pub window: usize,
-    /// Windows per forward pass [default: 4].
-    #[arg(long, default_value_t = 4)]
+    /// Windows per forward pass, 1..=1024 [default: 4].
+    #[arg(long, default_value_t = 4, value_parser = crate::flags::batch)]
     pub batch: usize,
-    /// Score at most this many tokens from the start of the tail [default: all].
-    #[arg(long)]
+    /// Score at most this many tokens from the start of the tail, an integer >= 1 [default: all].
+    #[arg(long, value_parser = crate::flags::positive)]
     pub max_tokens: Option<usize>,
     /// Print one JSON object instead of text [default: off].
     #[arg(long)]
@@ -54,6 +54,24 @@ fn tail_of(text: &str, tail: f64) -> &str {
     &text[start..]
 }
 
+/// Largest logits tensor one scoring pass may produce: `[batch, window, vocab]` f32. 8 GiB is what a 16 GB machine
+/// or device holds next to the model; past it the allocation aborts the process instead of failing.
+const MAX_LOGITS_BYTES: u128 = 8 << 30;
+
+/// Refuses `--batch` × `--window` whose logits would pass [`MAX_LOGITS_BYTES`], saying how much they would take.
+fn check_logits_memory(batch: usize, window: usize, vocab: usize) -> anyhow::Result<()> {
+    let bytes = batch as u128 * window as u128 * vocab as u128 * 4;
+    if bytes > MAX_LOGITS_BYTES {
+        bail!(
+            "--batch {batch} × --window {window}: the [batch, window, {vocab}] f32 logits of one pass would take \
+             {:.1} GiB, above the limit of {} GiB; lower --batch or --window",
+            bytes as f64 / (1u64 << 30) as f64,
+            MAX_LOGITS_BYTES >> 30
+        );
+    }
+    Ok(())
+}
+
 struct EvalJob {
     assets: ModelAssets,
     ids: Vec<u32>,
@@ -72,6 +90,7 @@ impl BackendJob for EvalJob {
             .model
             .load::<B>(&self.assets, &device, self.quiet)?;
         let window = self.args.window.min(model.spec().context_length);
+        check_logits_memory(self.args.batch, window, model.spec().vocab_size)?;
         let bar = super::progress_bar(
             self.quiet,
             Some(0),
@@ -103,9 +122,6 @@ impl BackendJob for EvalJob {
 
 /// Runs `ember eval`.
 pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
-    if !(args.tail > 0.0 && args.tail <= 1.0) {
-        bail!("--tail {}: expected a fraction in (0, 1]", args.tail);
-    }
     let precision = args.model.load.quantize.weight_format()?;
     let assets = args.model.open()?;
     let tokenizer = assets.tokenizer.as_ref().with_context(|| {
@@ -144,9 +160,9 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
     };
     let report = ctx.dispatch(None, job)??;
     if json {
-        println!("{report}");
+        super::println(&report.to_string())?;
     } else {
-        println!(
+        super::println(&format!(
             "{} ({}, weights {:.1} MiB): {} tokens in windows of {}, loss {:.4} nats, perplexity {:.3}, \
              {:.4} bits/byte ({:.1} s)",
             report["model"].as_str().unwrap_or_default(),
@@ -158,7 +174,7 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
             report["perplexity"].as_f64().unwrap_or_default(),
             report["bits_per_byte"].as_f64().unwrap_or_default(),
             report["seconds"].as_f64().unwrap_or_default(),
-        );
+        ))?;
     }
     Ok(())
 }
@@ -166,6 +182,17 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::tail_of;
+
+    #[test]
+    fn logits_past_the_memory_limit_are_refused_naming_both_flags() {
+        assert!(super::check_logits_memory(4, 2048, 49_152).is_ok());
+        let err = super::check_logits_memory(1024, 2048, 49_152).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("--batch 1024") && text.contains("--window 2048"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn tail_starts_at_a_line() {

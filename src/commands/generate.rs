@@ -40,32 +40,33 @@ pub struct Args {
     /// File with one prompt per line, generated as one left-padded batch.
     #[arg(long)]
     pub prompt_file: Option<PathBuf>,
-    /// Sampling temperature; 0 is greedy [default: 0.8].
-    #[arg(long, default_value_t = 0.8)]
+    /// Sampling temperature: a finite number >= 0 (0 is greedy) [default: 0.8].
+    #[arg(long, default_value_t = 0.8, value_parser = crate::flags::temperature)]
     pub temperature: f32,
-    /// Sample only from the k most likely tokens [default: off].
-    #[arg(long)]
+    /// Sample only from the k most likely tokens: an integer >= 1 [default: off].
+    #[arg(long, value_parser = crate::flags::top_k)]
     pub top_k: Option<usize>,
-    /// Sample from the smallest set of tokens whose probability reaches p [default: off].
-    #[arg(long)]
+    /// Sample from the smallest set of tokens whose probability reaches p: a number in (0, 1] [default: off].
+    #[arg(long, value_parser = crate::flags::top_p)]
     pub top_p: Option<f32>,
-    /// Drop tokens less likely than this fraction of the most likely one [default: off].
-    #[arg(long)]
+    /// Drop tokens less likely than this fraction of the most likely one: a number in [0, 1) [default: off].
+    #[arg(long, value_parser = crate::flags::min_p)]
     pub min_p: Option<f32>,
-    /// Hugging Face repetition penalty, e.g. 1.1 [default: off].
-    #[arg(long)]
+    /// Hugging Face repetition penalty, e.g. 1.1: a finite number > 0 (1 is none) [default: off].
+    #[arg(long, value_parser = crate::flags::repetition_penalty)]
     pub repetition_penalty: Option<f32>,
-    /// Subtracted from a token's logit per earlier occurrence [default: off].
-    #[arg(long)]
+    /// Subtracted from a token's logit per earlier occurrence: a finite number (0 is none) [default: off].
+    #[arg(long, value_parser = crate::flags::additive_penalty)]
     pub frequency_penalty: Option<f32>,
-    /// Subtracted from a token's logit if it occurred before [default: off].
-    #[arg(long)]
+    /// Subtracted from a token's logit if it occurred before: a finite number (0 is none) [default: off].
+    #[arg(long, value_parser = crate::flags::additive_penalty)]
     pub presence_penalty: Option<f32>,
     /// Random seed; prompt `i` of a batch uses seed + i [default: 0].
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Maximum tokens to generate per prompt [default: 128].
-    #[arg(long, default_value_t = 128)]
+    /// Maximum tokens to generate per prompt, 1..=1048576; generation also stops at the context window
+    /// [default: 128].
+    #[arg(long, default_value_t = 128, value_parser = crate::flags::token_count)]
     pub max_new_tokens: usize,
     /// Stop when the text contains this string (repeatable) [default: none].
     #[arg(long)]
@@ -159,11 +160,13 @@ fn run_batch<B: EmberBackend>(
     let mut stdout = std::io::stdout().lock();
     for g in &generations {
         match format {
-            Format::Json => writeln!(stdout, "{}", json_line(g))?,
-            Format::Text if stream => writeln!(stdout)?,
-            Format::Text if tokenizer.is_some() => writeln!(stdout, "{}", g.text)?,
-            Format::Text => writeln!(stdout, "{}", ids_text(&g.ids))?,
+            Format::Json => writeln!(stdout, "{}", json_line(g)),
+            Format::Text if stream => writeln!(stdout),
+            Format::Text if tokenizer.is_some() => writeln!(stdout, "{}", g.text),
+            Format::Text => writeln!(stdout, "{}", ids_text(&g.ids)),
         }
+        .and_then(|()| stdout.flush())
+        .map_err(super::StdoutError)?;
     }
     Ok(())
 }
@@ -227,7 +230,9 @@ fn run_interactive<B: EmberBackend>(
         let reply = chat.turn(lm, &ids, Some(tokenizer), config, &mut |piece| {
             let _ = write!(stdout, "{piece}").and_then(|()| stdout.flush());
         })?;
-        writeln!(stdout)?;
+        writeln!(stdout)
+            .and_then(|()| stdout.flush())
+            .map_err(super::StdoutError)?;
         cached_text = format!("{rendered}{}", tokenizer.decode(&reply.ids)?);
         messages.push(Message::new("assistant", &reply.text));
     }

@@ -266,9 +266,9 @@ pub fn run(args: Args, _ctx: &Context) -> anyhow::Result<()> {
             "weight_bytes": memory,
             "kv_cache_bytes_per_token_f16": spec.kv_cache_bytes_per_token(2),
         });
-        println!("{}", serde_json::to_string_pretty(&value)?);
+        super::println(&serde_json::to_string_pretty(&value)?)?;
     } else {
-        print!("{}", report(&spec));
+        super::print(&report(&spec))?;
     }
     Ok(())
 }

@@ -77,6 +77,11 @@ fn write_output(path: &Path, ids: &[u32], logits: &[f32], vocab: usize) -> anyho
 /// Runs `ember logits`.
 pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
     let assets = args.model.open()?;
+    let flag = if args.tokens.is_some() {
+        "--tokens"
+    } else {
+        "--prompt"
+    };
     let ids = match (args.tokens, &args.prompt) {
         (Some(ids), _) => ids,
         (None, Some(prompt)) => {
@@ -92,6 +97,15 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
     };
     if ids.is_empty() {
         bail!("no tokens to run (empty --tokens or --prompt)");
+    }
+    // Positions past the context window have no trained position (RoPE tables and learned embeddings stop there),
+    // so their logits would be garbage written with exit 0.
+    let context = assets.spec.context_length;
+    if ids.len() > context {
+        bail!(
+            "{flag}: {} tokens exceed the model's context length of {context}: give at most {context}",
+            ids.len()
+        );
     }
     let vocab = assets.spec.vocab_size;
     let job = LogitsJob {

@@ -18,6 +18,34 @@ pub mod tokenize;
 pub mod train;
 pub mod train_tokenizer;
 
+/// Writing to stdout failed. Every command writes its stdout through this type (see [`print`]), so that `main`
+/// can tell a reader that went away (`ember info --json | head`, EPIPE) from a real failure: the former ends the
+/// command quietly, like any Unix filter, instead of panicking as `println!` does.
+#[derive(Debug, thiserror::Error)]
+#[error("writing to stdout: {0}")]
+pub struct StdoutError(#[source] pub std::io::Error);
+
+impl StdoutError {
+    /// Whether the reader closed the pipe.
+    pub fn is_closed_pipe(&self) -> bool {
+        self.0.kind() == std::io::ErrorKind::BrokenPipe
+    }
+}
+
+/// Writes `text` to stdout and flushes it; errors are [`StdoutError`]s.
+pub fn print(text: &str) -> Result<(), StdoutError> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(StdoutError)
+}
+
+/// Writes `text` and a newline to stdout, as [`print`] does.
+pub fn println(text: &str) -> Result<(), StdoutError> {
+    print(&format!("{text}\n"))
+}
+
 /// A progress bar on stderr drawn with `template` (indicatif's syntax), of `len` steps (`None`: unknown until
 /// set), or a hidden one under `--quiet`.
 pub fn progress_bar(quiet: bool, len: Option<u64>, template: &str) -> indicatif::ProgressBar {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context as _, bail};
 use ember_inference::{KvCacheKind, ModelAssets, WeightFormat};
 use ember_model::{AttentionKernel, EmberBackend, QuantScheme, Quantization, Transformer};
+use ember_optimization::quant::scheme::MAX_GROUP_SIZE;
 
 /// The model to run (`--model`) and how to load it ([`LoadArgs`]).
 #[derive(clap::Args, Debug, Clone)]
@@ -67,9 +68,9 @@ pub struct KvCacheArgs {
     /// blocks, released as rows finish) or paged-N for N-position blocks [default: contiguous].
     #[arg(long, default_value = "contiguous")]
     pub kv_cache: KvCacheKind,
-    /// Hard cap on the paged KV cache, in MiB; a batch that outgrows it fails with a message saying so
-    /// [default: what a contiguous cache of the whole context window would take].
-    #[arg(long)]
+    /// Hard cap on the paged KV cache, in MiB, 1..=16777216; a batch that outgrows it fails with a message
+    /// saying so [default: what a contiguous cache of the whole context window would take].
+    #[arg(long, value_parser = crate::flags::kv_budget_mib)]
     pub kv_budget_mib: Option<usize>,
 }
 
@@ -109,8 +110,9 @@ pub fn load_with_progress<B: EmberBackend>(
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct QuantizeArgs {
     /// Quantize the weights for inference: int8 (per output channel), int8-gN, int4 (= int4-g32), int4-gN, each
-    /// int4 form optionally with -asym (zero points); or `gguf` to keep a GGUF file's Q8_0/Q4_0/Q4_1 blocks
-    /// exactly as stored [default: none, f32 weights].
+    /// int4 form optionally with -asym (zero points), N a multiple of 8 in 8..=4096 and, above 256, at most a
+    /// weight row's length; or `gguf` to keep a GGUF file's Q8_0/Q4_0/Q4_1 blocks exactly as stored
+    /// [default: none, f32 weights].
     #[arg(long, value_name = "SCHEME")]
     pub quantize: Option<String>,
     /// With --quantize SCHEME: also quantize the token embedding table [default: off].
@@ -133,7 +135,7 @@ impl QuantizeArgs {
         let scheme: QuantScheme = text.parse().with_context(|| {
             format!(
                 "--quantize {text}: expected int8, int8-gN, int4, int4-gN, int4-gN-asym or gguf \
-                 (N a multiple of 8, e.g. int4-g128)"
+                 (N a multiple of 8 in 8..={MAX_GROUP_SIZE}, e.g. int4-g128)"
             )
         })?;
         Ok(WeightFormat::Quantized(Quantization {

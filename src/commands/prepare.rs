@@ -23,13 +23,13 @@ pub struct Args {
     #[arg(long)]
     pub output: PathBuf,
     /// Fraction of the corpus held out for validation, in (0, 1) [default: 0.1].
-    #[arg(long, default_value_t = ember_dataset::DEFAULT_VAL_FRACTION)]
+    #[arg(long, default_value_t = ember_dataset::DEFAULT_VAL_FRACTION, value_parser = crate::flags::open_fraction)]
     pub val_fraction: f64,
     /// JSONL field holding each document's text [default: text].
     #[arg(long, default_value = "text")]
     pub text_field: String,
-    /// Maximum number of tokens per shard file [default: 67108864].
-    #[arg(long, default_value_t = DEFAULT_SHARD_TOKENS)]
+    /// Maximum number of tokens per shard file, an integer >= 1 [default: 67108864].
+    #[arg(long, default_value_t = DEFAULT_SHARD_TOKENS, value_parser = crate::flags::shard_tokens)]
     pub shard_tokens: u64,
     /// Clean chat/e-mail text first: normalise whitespace, strip quoted replies and signatures, redact e-mail
     /// addresses, URLs, phone numbers and long digit runs [default: off].

@@ -45,7 +45,8 @@ pub fn run(args: Args, _ctx: &Context) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     if args.decode {
         let ids = parse_ids(&input)?;
-        stdout.write_all(&tokenizer.decode_bytes(&ids)?)?;
+        let bytes = tokenizer.decode_bytes(&ids)?;
+        stdout.write_all(&bytes).map_err(super::StdoutError)?;
     } else {
         let text = std::str::from_utf8(&input).context("stdin is not valid UTF-8")?;
         let ids = if args.no_special {
@@ -57,9 +58,9 @@ pub fn run(args: Args, _ctx: &Context) -> anyhow::Result<()> {
             Format::Json => serde_json::to_string(&ids)?,
             Format::Ids => ids.iter().map(u32::to_string).collect::<Vec<_>>().join(" "),
         };
-        writeln!(stdout, "{line}")?;
+        writeln!(stdout, "{line}").map_err(super::StdoutError)?;
     }
-    stdout.flush()?;
+    stdout.flush().map_err(super::StdoutError)?;
     Ok(())
 }
 

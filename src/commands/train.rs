@@ -21,7 +21,8 @@ use indicatif::ProgressBar;
 
 use crate::Context;
 use crate::backend::{BackendJob, computes_bf16, is_cpu};
-use crate::config::{Precision, RunConfig, TrainingConfig};
+use crate::config::{Precision, RunConfig, TrainingConfig, limits};
+use crate::flags::MINUTES_RANGE;
 
 /// Flags of `ember train`.
 #[derive(clap::Args, Debug)]
@@ -32,11 +33,13 @@ pub struct Args {
     /// Output directory [default: runs/<name> from the config].
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Stop after this many optimiser steps [default: the config's training.max_steps]; the schedule is unchanged.
-    #[arg(long)]
+    /// Stop after this many optimiser steps, an integer >= 1 [default: the config's training.max_steps]; the
+    /// schedule is unchanged.
+    #[arg(long, value_parser = crate::flags::positive)]
     pub max_steps: Option<usize>,
-    /// Stop after this many minutes of wall time [default: the config's training.time_limit_min, else none].
-    #[arg(long)]
+    /// Stop after this many minutes of wall time, in (0, 525600] (at most a year) [default: the config's
+    /// training.time_limit_min, else none].
+    #[arg(long, value_parser = crate::flags::minutes)]
     pub time_limit: Option<f64>,
     /// Continue the run in the output directory from its last/ checkpoint [default: start afresh].
     #[arg(long)]
@@ -64,6 +67,7 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
     let config_json = serde_json::to_value(config_summary(&config))?;
     let settings = settings(&config, &args, run_dir.clone(), config_json)?;
     let job = TrainJob {
+        config_path: args.config.clone(),
         config,
         settings,
         tokenizer,
@@ -108,18 +112,22 @@ fn settings(
     config_json: serde_json::Value,
 ) -> anyhow::Result<TrainSettings> {
     let t = &config.training;
-    let time_limit = args.time_limit.or(t.time_limit_min);
-    if let Some(minutes) = time_limit
-        && !(minutes > 0.0 && minutes.is_finite())
-    {
-        bail!("--time-limit: expected a positive number of minutes, found {minutes}");
-    }
+    // Both sources are range-checked where they are parsed (`flags::minutes`, `RunConfig::validate`); the
+    // conversion is still the fallible one, so a future caller that skips them gets an error, not a panic.
+    let time_limit = match args.time_limit.or(t.time_limit_min) {
+        Some(minutes) => Some(Duration::try_from_secs_f64(minutes * 60.0).map_err(|_| {
+            anyhow::anyhow!(
+                "--time-limit / training.time_limit_min: expected {MINUTES_RANGE}, found {minutes}"
+            )
+        })?),
+        None => None,
+    };
     Ok(TrainSettings {
         batch_size: t.batch_size,
         block_size: config.model.block_size,
         grad_accum_steps: t.grad_accum_steps,
         max_steps: args.max_steps.unwrap_or(t.max_steps),
-        time_limit: time_limit.map(|m| Duration::from_secs_f64(m * 60.0)),
+        time_limit,
         schedule: CosineSchedule {
             peak: t.learning_rate,
             floor: t.min_learning_rate,
@@ -327,8 +335,35 @@ pub(crate) fn training_precision<B: EmberBackend>(configured: Precision, quiet: 
     configured
 }
 
+/// On the CPU backends the model, its optimiser state and its activations live in this machine's memory: a
+/// configuration that would need more than all of it is refused before the first tensor is allocated (where it
+/// would abort, or be killed by the OOM killer minutes later). `replicas` is 0 or 1 for one replica. The config
+/// itself was already bounded by [`limits::MAX_TRAINING_BYTES`]; GPU backends report their own out-of-memory.
+fn check_host_memory(
+    path: &Path,
+    config: &RunConfig,
+    vocab: usize,
+    replicas: usize,
+) -> anyhow::Result<()> {
+    let estimate = limits::estimate(config, vocab, replicas);
+    let Some(memory) = ember_bench::Machine::detect().memory_bytes else {
+        return Ok(());
+    };
+    if estimate.total() > u128::from(memory) {
+        bail!(
+            "{}: keys `model.*` and `training.batch_size`: training this would need {}, but this machine has {} \
+             of memory; shrink the model or the batch",
+            path.display(),
+            estimate.describe(),
+            limits::gib(u128::from(memory))
+        );
+    }
+    Ok(())
+}
+
 /// The monomorphised part of `ember train`.
 struct TrainJob {
+    config_path: PathBuf,
     config: RunConfig,
     settings: TrainSettings,
     tokenizer: Tokenizer,
@@ -342,6 +377,14 @@ impl BackendJob for TrainJob {
 
     fn run<B: EmberBackend>(mut self, device: B::Device) -> anyhow::Result<TrainSummary> {
         let (device, devices) = replica_devices::<B>(&self.config.training, device);
+        if is_cpu::<B>() {
+            check_host_memory(
+                &self.config_path,
+                &self.config,
+                self.tokenizer.vocab_size(),
+                devices.len(),
+            )?;
+        }
         self.settings.data_parallel.devices = devices;
         self.settings.precision =
             training_precision::<B>(self.config.training.precision, self.quiet);

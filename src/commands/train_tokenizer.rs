@@ -17,8 +17,8 @@ pub struct Args {
     /// Directory to write tokenizer.json into (created if missing).
     #[arg(long)]
     pub output: std::path::PathBuf,
-    /// Vocabulary size, special tokens and the 256 byte tokens included [default: 8192].
-    #[arg(long, default_value_t = 8192)]
+    /// Vocabulary size, special tokens and the 256 byte tokens included, 256..=1048576 [default: 8192].
+    #[arg(long, default_value_t = 8192, value_parser = crate::flags::vocab_size)]
     pub vocab_size: usize,
     /// Special tokens, given the first ids in this order [default: <|endoftext|>].
     #[arg(long, num_args = 0.., default_values_t = ["<|endoftext|>".to_string()])]

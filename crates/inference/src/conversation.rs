@@ -18,13 +18,15 @@ pub struct Conversation<M: Decoder> {
 }
 
 impl<M: Decoder> Conversation<M> {
-    /// An empty conversation sampling with `sampling` (one random stream across all turns).
+    /// An empty conversation sampling with `sampling` (one random stream across all turns); a setting out of
+    /// range is [`InferenceError::InvalidSampling`].
     pub fn new(model: &M, sampling: &SamplingConfig) -> Result<Self, InferenceError> {
+        let sampler = Sampler::try_new(sampling)?;
         Ok(Self {
             state: model.new_state(1)?,
             history: Vec::new(),
             pending: None,
-            sampler: Sampler::new(sampling),
+            sampler,
         })
     }
 

@@ -32,6 +32,10 @@ pub enum InferenceError {
     /// [`ember_optimization::PoolError`], or the attention layer's error when the pool filled up mid-forward.
     #[error("{0}")]
     KvCache(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A sampling setting outside its range (a NaN temperature, a top-p of 0, ...): refused before any token is
+    /// generated, since it would otherwise turn the logits into NaN.
+    #[error("{0}")]
+    InvalidSampling(#[from] crate::sampling::SamplingError),
     /// A perplexity window outside what the model can score.
     #[error(
         "perplexity window of {window} tokens: expected 2 to the model's context length {context_length}"

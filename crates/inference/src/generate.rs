@@ -103,7 +103,8 @@ impl Generation {
 }
 
 /// Generates a continuation of every prompt in one batch. `on_text(row, piece)` receives each row's text as soon
-/// as it is final: complete UTF-8 characters that cannot be the start of a stop string.
+/// as it is final: complete UTF-8 characters that cannot be the start of a stop string. A sampling setting out of
+/// range is [`InferenceError::InvalidSampling`], before anything runs.
 pub fn generate<M: Decoder>(
     model: &M,
     tokenizer: Option<&Tokenizer>,
@@ -111,6 +112,8 @@ pub fn generate<M: Decoder>(
     config: &GenerationConfig,
     on_text: &mut dyn FnMut(usize, &str),
 ) -> Result<Vec<Generation>, InferenceError> {
+    // Checked before the state is allocated: a bad setting fails fast, whatever the batch.
+    config.sampling.validate()?;
     let mut state = model.new_state(prompts.len())?;
     let prompts = prompts
         .iter()

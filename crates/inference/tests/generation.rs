@@ -333,3 +333,30 @@ fn conversation_turns_reuse_the_cache_and_match_one_shot_generation() {
     assert_eq!(second.ids, one_shot[0].ids);
     assert_eq!(chat.history(), [transcript, second.ids.clone()].concat());
 }
+
+/// A library caller (no command line in front) gets a typed error, not NaN logits and ids 0, 0, 0, ...
+#[test]
+fn out_of_range_sampling_is_refused_before_anything_runs() {
+    let model = Toy { context: 64 };
+    let config = GenerationConfig {
+        max_new_tokens: 4,
+        sampling: SamplingConfig {
+            repetition_penalty: Some(f32::NAN),
+            ..SamplingConfig::greedy()
+        },
+        ..GenerationConfig::default()
+    };
+    let err = generate(&model, None, &[vec![1, 2, 3]], &config, &mut |_, _| {}).unwrap_err();
+    assert!(
+        matches!(&err, InferenceError::InvalidSampling(e) if e.setting == "repetition_penalty"),
+        "{err}"
+    );
+    let top_p = SamplingConfig {
+        top_p: Some(0.0),
+        ..SamplingConfig::default()
+    };
+    assert!(matches!(
+        Conversation::new(&model, &top_p),
+        Err(InferenceError::InvalidSampling(_))
+    ));
+}

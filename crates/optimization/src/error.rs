@@ -19,6 +19,17 @@ pub enum QuantError {
         /// The rejected group size.
         group_size: usize,
     },
+    /// A group size above [`crate::quant::scheme::MAX_GROUP_SIZE`], or longer than the rows it would quantize
+    /// (every row is padded to whole groups, so such a group only wastes memory and time).
+    #[error("quantization group size {group_size}: expected at most {max} ({why})")]
+    GroupTooLarge {
+        /// The rejected group size.
+        group_size: usize,
+        /// The largest group accepted here.
+        max: usize,
+        /// Where the bound comes from.
+        why: String,
+    },
     /// A weight matrix with a zero dimension.
     #[error("cannot quantize an empty weight of shape {shape:?}")]
     EmptyShape {

@@ -75,6 +75,33 @@ impl Default for AdamWConfig {
     }
 }
 
+impl AdamWConfig {
+    /// Checks every hyper-parameter against its range; the error names the field and the range. Out of range
+    /// they do not fail, they corrupt: a beta of 1 never forgets (and divides by `1 - beta^t = 0`), a NaN anywhere
+    /// makes every weight NaN after one step, a negative decay grows the weights.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        let refuse = |key: &str, expected: &str, value: f64| {
+            Err(TrainError::Unsupported {
+                key: key.to_string(),
+                message: format!("expected {expected}, found {value:?}"),
+            })
+        };
+        for (key, value) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            // `contains` is false for NaN.
+            if !(0.0..1.0).contains(&value) {
+                return refuse(key, "a number in [0, 1)", value);
+            }
+        }
+        if !(self.eps > 0.0 && self.eps <= 1.0) {
+            return refuse("eps", "a number in (0, 1]", self.eps);
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return refuse("weight_decay", "a finite number >= 0", self.weight_decay);
+        }
+        Ok(())
+    }
+}
+
 /// Moments and step count of one parameter, flattened to `[numel]`.
 #[derive(Debug, Clone)]
 struct Moments<B: Backend> {
@@ -256,5 +283,83 @@ impl<AB: AutodiffBackend> ModuleMapper<AB> for Updater<'_, AB> {
             tensor = tensor.require_grad();
         }
         Param::from_mapped_value(id, tensor, mapper)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validate_refuses_each_hyper_parameter_out_of_range() {
+        assert!(AdamWConfig::default().validate().is_ok());
+        let key_of = |c: AdamWConfig| match c.validate() {
+            Err(TrainError::Unsupported { key, .. }) => key,
+            other => panic!("{c:?}: expected a refusal, got {other:?}"),
+        };
+        let base = AdamWConfig::default();
+        for (config, key) in [
+            (AdamWConfig { beta1: 1.0, ..base }, "beta1"),
+            (
+                AdamWConfig {
+                    beta1: -0.1,
+                    ..base
+                },
+                "beta1",
+            ),
+            (
+                AdamWConfig {
+                    beta2: f64::NAN,
+                    ..base
+                },
+                "beta2",
+            ),
+            (AdamWConfig { eps: 0.0, ..base }, "eps"),
+            (
+                AdamWConfig {
+                    eps: f64::INFINITY,
+                    ..base
+                },
+                "eps",
+            ),
+            (
+                AdamWConfig {
+                    eps: f64::NAN,
+                    ..base
+                },
+                "eps",
+            ),
+            (
+                AdamWConfig {
+                    weight_decay: f64::NAN,
+                    ..base
+                },
+                "weight_decay",
+            ),
+            (
+                AdamWConfig {
+                    weight_decay: -0.1,
+                    ..base
+                },
+                "weight_decay",
+            ),
+            (
+                AdamWConfig {
+                    weight_decay: f64::INFINITY,
+                    ..base
+                },
+                "weight_decay",
+            ),
+        ] {
+            assert_eq!(key_of(config), key);
+        }
+        let edges = AdamWConfig {
+            beta1: 0.0,
+            beta2: 0.999_999,
+            eps: 1.0,
+            weight_decay: 0.0,
+            ..base
+        };
+        assert!(edges.validate().is_ok());
     }
 }

@@ -1,6 +1,7 @@
 //! Choosing the next token: a pipeline of [`LogitsProcessor`]s followed by greedy or seeded random choice.
 
 mod processors;
+pub mod ranges;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -9,6 +10,7 @@ pub use processors::{
     FrequencyPresencePenalty, LogitBias, LogitsProcessor, MinP, RepetitionPenalty, Temperature,
     TopK, TopP, softmax,
 };
+pub use ranges::SamplingError;
 
 /// The sampling settings of one generation, as the command line exposes them.
 #[derive(Clone, Debug, PartialEq)]
@@ -56,6 +58,34 @@ impl SamplingConfig {
             temperature: 0.0,
             ..Self::default()
         }
+    }
+
+    /// Checks every setting against its range ([`ranges`]): the first one outside it is the error. A config
+    /// that passes cannot put NaN into the logits.
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        ranges::check_temperature(self.temperature)?;
+        if let Some(k) = self.top_k {
+            ranges::check_top_k(k)?;
+        }
+        if let Some(p) = self.top_p {
+            ranges::check_top_p(p)?;
+        }
+        if let Some(p) = self.min_p {
+            ranges::check_min_p(p)?;
+        }
+        if let Some(p) = self.repetition_penalty {
+            ranges::check_repetition_penalty(p)?;
+        }
+        if let Some(p) = self.frequency_penalty {
+            ranges::check_additive_penalty("frequency_penalty", p)?;
+        }
+        if let Some(p) = self.presence_penalty {
+            ranges::check_additive_penalty("presence_penalty", p)?;
+        }
+        for (i, &(_, bias)) in self.logit_bias.iter().enumerate() {
+            ranges::check_logit_bias(i, bias)?;
+        }
+        Ok(())
     }
 
     /// The processors this config implies, in the order Hugging Face applies them: penalties and bias first (they
@@ -107,7 +137,15 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// A sampler for `config`.
+    /// A sampler for `config`, which is checked first ([`SamplingConfig::validate`]).
+    pub fn try_new(config: &SamplingConfig) -> Result<Self, SamplingError> {
+        config.validate()?;
+        Ok(Self::new(config))
+    }
+
+    /// A sampler for `config` as given, unchecked: for configs built in code from constants (benchmarks,
+    /// tests). Anything from a user goes through [`Sampler::try_new`]; an out-of-range value here (a NaN
+    /// penalty, say) yields NaN logits and token 0 every step.
     pub fn new(config: &SamplingConfig) -> Self {
         Self::from_processors(config.processors(), config.temperature <= 0.0, config.seed)
     }

@@ -177,3 +177,149 @@ fn removed_tokens_are_never_sampled() {
     let mut s = Sampler::new(&config);
     assert!((0..200).all(|_| s.sample(&logits(), &[]) == 3));
 }
+
+#[test]
+fn every_setting_out_of_range_is_a_typed_error_naming_it() {
+    let cases: Vec<(SamplingConfig, &str)> = vec![
+        (
+            SamplingConfig {
+                temperature: f32::NAN,
+                ..SamplingConfig::default()
+            },
+            "temperature",
+        ),
+        (
+            SamplingConfig {
+                temperature: f32::INFINITY,
+                ..SamplingConfig::default()
+            },
+            "temperature",
+        ),
+        (
+            SamplingConfig {
+                temperature: -0.5,
+                ..SamplingConfig::default()
+            },
+            "temperature",
+        ),
+        (
+            SamplingConfig {
+                top_k: Some(0),
+                ..SamplingConfig::default()
+            },
+            "top_k",
+        ),
+        (
+            SamplingConfig {
+                top_p: Some(0.0),
+                ..SamplingConfig::default()
+            },
+            "top_p",
+        ),
+        (
+            SamplingConfig {
+                top_p: Some(2.0),
+                ..SamplingConfig::default()
+            },
+            "top_p",
+        ),
+        (
+            SamplingConfig {
+                top_p: Some(f32::NAN),
+                ..SamplingConfig::default()
+            },
+            "top_p",
+        ),
+        (
+            SamplingConfig {
+                min_p: Some(1.0),
+                ..SamplingConfig::default()
+            },
+            "min_p",
+        ),
+        (
+            SamplingConfig {
+                min_p: Some(-0.1),
+                ..SamplingConfig::default()
+            },
+            "min_p",
+        ),
+        (
+            SamplingConfig {
+                repetition_penalty: Some(0.0),
+                ..SamplingConfig::default()
+            },
+            "repetition_penalty",
+        ),
+        (
+            SamplingConfig {
+                repetition_penalty: Some(-1.1),
+                ..SamplingConfig::default()
+            },
+            "repetition_penalty",
+        ),
+        (
+            SamplingConfig {
+                repetition_penalty: Some(f32::NAN),
+                ..SamplingConfig::default()
+            },
+            "repetition_penalty",
+        ),
+        (
+            SamplingConfig {
+                frequency_penalty: Some(f32::NAN),
+                ..SamplingConfig::default()
+            },
+            "frequency_penalty",
+        ),
+        (
+            SamplingConfig {
+                presence_penalty: Some(f32::INFINITY),
+                ..SamplingConfig::default()
+            },
+            "presence_penalty",
+        ),
+        (
+            SamplingConfig {
+                logit_bias: vec![(1, 0.5), (2, f32::NAN)],
+                ..SamplingConfig::default()
+            },
+            "logit_bias[1]",
+        ),
+        (
+            SamplingConfig {
+                logit_bias: vec![(1, f32::INFINITY)],
+                ..SamplingConfig::default()
+            },
+            "logit_bias[0]",
+        ),
+    ];
+    for (config, setting) in cases {
+        let err = config.validate().unwrap_err();
+        assert_eq!(err.setting, setting, "{config:?}");
+        assert!(
+            err.to_string().contains(setting) && err.to_string().contains("expected"),
+            "{err}"
+        );
+        assert!(Sampler::try_new(&config).is_err(), "{config:?}");
+    }
+}
+
+#[test]
+fn the_edges_of_every_range_are_accepted() {
+    let config = SamplingConfig {
+        temperature: 0.0,
+        top_k: Some(1),
+        top_p: Some(1.0),
+        min_p: Some(0.0),
+        repetition_penalty: Some(f32::MIN_POSITIVE),
+        frequency_penalty: Some(-2.0),
+        presence_penalty: Some(2.0),
+        logit_bias: vec![(0, f32::NEG_INFINITY), (1, 100.0)],
+        seed: 7,
+    };
+    assert_eq!(config.validate(), Ok(()));
+    assert!(Sampler::try_new(&config).is_ok());
+    assert_eq!(SamplingConfig::default().validate(), Ok(()));
+    assert_eq!(SamplingConfig::greedy().validate(), Ok(()));
+}

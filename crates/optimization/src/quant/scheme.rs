@@ -5,6 +5,15 @@ use std::str::FromStr;
 
 use crate::error::QuantError;
 
+/// The largest group size a scheme accepts: 16x the largest group in common use (256). Rows are padded to whole
+/// groups, so a group of a million elements (which parsing once accepted) pads every row to a million codes and
+/// makes quantizing a small model take minutes and gigabytes.
+pub const MAX_GROUP_SIZE: usize = 4096;
+
+/// Groups up to this size are accepted on rows of any length, so that one scheme (`int4` is `int4-g32`) applies
+/// to every matrix of a model, small ones included; larger groups must fit in the row (rounded up to 8).
+pub const ALWAYS_ACCEPTED_GROUP: usize = 256;
+
 /// How many consecutive input elements of one output row share a scale.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Granularity {
@@ -116,24 +125,60 @@ impl QuantScheme {
         in_features.div_ceil(self.group_len(in_features))
     }
 
-    /// Checks the scheme's parameters and that a `[out_features, in_features]` matrix fits it.
+    /// The group size of a group-wise scheme; `None` for per-channel INT8.
+    fn group(&self) -> Option<usize> {
+        match self {
+            QuantScheme::Int8 {
+                granularity: Granularity::PerChannel,
+            } => None,
+            QuantScheme::Int8 {
+                granularity: Granularity::Group(g),
+            } => Some(*g),
+            QuantScheme::Int4 { group_size, .. } => Some(*group_size),
+        }
+    }
+
+    /// Checks the scheme's own parameters: a group size that is a positive multiple of 8, at most
+    /// [`MAX_GROUP_SIZE`].
+    pub fn validate_parameters(&self) -> Result<(), QuantError> {
+        let Some(group) = self.group() else {
+            return Ok(());
+        };
+        if group == 0 || group % 8 != 0 {
+            return Err(QuantError::InvalidGroupSize { group_size: group });
+        }
+        if group > MAX_GROUP_SIZE {
+            return Err(QuantError::GroupTooLarge {
+                group_size: group,
+                max: MAX_GROUP_SIZE,
+                why: "16x the largest group in common use".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks the scheme's parameters and that a `[out_features, in_features]` matrix fits it: a group longer
+    /// than [`ALWAYS_ACCEPTED_GROUP`] must not be longer than the row (rounded up to a multiple of 8).
     pub fn validate(&self, out_features: usize, in_features: usize) -> Result<(), QuantError> {
         if out_features == 0 || in_features == 0 {
             return Err(QuantError::EmptyShape {
                 shape: [out_features, in_features],
             });
         }
-        let group = match self {
-            QuantScheme::Int8 {
-                granularity: Granularity::PerChannel,
-            } => return Ok(()),
-            QuantScheme::Int8 {
-                granularity: Granularity::Group(g),
-            } => *g,
-            QuantScheme::Int4 { group_size, .. } => *group_size,
+        self.validate_parameters()?;
+        let Some(group) = self.group() else {
+            return Ok(());
         };
-        if group == 0 || group % 8 != 0 {
-            return Err(QuantError::InvalidGroupSize { group_size: group });
+        let row_bound = in_features.next_multiple_of(8).max(ALWAYS_ACCEPTED_GROUP);
+        if group > row_bound {
+            return Err(QuantError::GroupTooLarge {
+                group_size: group,
+                max: row_bound,
+                why: format!(
+                    "rows of {in_features} elements, each padded to a whole group; groups up to \
+                     {ALWAYS_ACCEPTED_GROUP} fit any row"
+                ),
+            });
         }
         Ok(())
     }
@@ -168,7 +213,8 @@ impl FromStr for QuantScheme {
     type Err = QuantError;
 
     /// Parses `int8` (per channel), `int8-gN`, `int4` (= `int4-g32`), `int4-gN`, and either int4
-    /// form followed by `-asym` (or `-sym`, the default).
+    /// form followed by `-asym` (or `-sym`, the default); `N` is a multiple of 8 up to
+    /// [`MAX_GROUP_SIZE`].
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let invalid = || QuantError::UnknownScheme {
             text: text.to_string(),
@@ -198,7 +244,41 @@ impl FromStr for QuantScheme {
             },
             _ => return Err(invalid()),
         };
-        scheme.validate(1, 1)?;
+        scheme.validate_parameters()?;
         Ok(scheme)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_sizes_are_bounded_when_parsed_and_by_the_row() {
+        assert!("int4-g4096".parse::<QuantScheme>().is_ok());
+        for text in ["int4-g4104", "int8-g1048576", "int4-g18446744073709551608"] {
+            assert!(
+                matches!(
+                    text.parse::<QuantScheme>(),
+                    Err(QuantError::GroupTooLarge { .. } | QuantError::UnknownScheme { .. })
+                ),
+                "{text}"
+            );
+        }
+        let big: QuantScheme = "int4-g1024".parse().unwrap();
+        assert!(big.validate(4, 1024).is_ok());
+        assert!(big.validate(4, 1020).is_ok(), "rounded up to 8");
+        let err = big.validate(4, 576).unwrap_err();
+        assert!(
+            matches!(err, QuantError::GroupTooLarge { max: 576, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("1024"), "{err}");
+        // Common groups apply to small matrices too (a tiny model's 16-wide rows).
+        for text in ["int4", "int4-g128-asym", "int8-g256"] {
+            let scheme: QuantScheme = text.parse().unwrap();
+            assert!(scheme.validate(2, 16).is_ok(), "{text}");
+        }
+        assert!(QuantScheme::INT8.validate(1, 1 << 20).is_ok());
     }
 }
