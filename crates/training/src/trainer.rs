@@ -148,9 +148,6 @@ where
     M: AutodiffModule<AB> + TrainableModel<AB> + Send + 'static,
     M::InnerModule: TrainableModel<AB::InnerBackend>,
 {
-    // Library callers get the same range checks as `ember train`'s config, before anything is written.
-    settings.optimizer.validate()?;
-    settings.schedule.validate()?;
     std::fs::create_dir_all(&settings.run_dir).map_err(|e| TrainError::io(&settings.run_dir, e))?;
     let device = model.devices().into_iter().next().unwrap_or_default();
     let mut optimizer = AdamW::<AB::InnerBackend>::new(settings.optimizer);
