@@ -231,6 +231,28 @@ impl Default for TokenizerConfig {
     }
 }
 
+impl ModelConfig {
+    /// The LLaMA-style spec these keys describe, with a vocabulary of `vocab_size` (the tokenizer's). `ember train`,
+    /// `ember bench --suite train` and the config fuzzer all build the model from this one conversion.
+    pub fn spec(&self, vocab_size: usize) -> ember_model::ModelSpec {
+        let mut spec = ember_model::ModelSpec::llama_style(
+            vocab_size,
+            self.hidden_size,
+            self.num_layers,
+            self.num_heads,
+            self.num_kv_heads,
+            self.intermediate_size,
+            self.block_size,
+        );
+        spec.features.tied_embeddings = self.tie_embeddings;
+        spec.features.norm.eps = self.norm_eps;
+        if let ember_model::Positions::Rope(rope) = &mut spec.positions {
+            rope.theta = self.rope_theta;
+        }
+        spec
+    }
+}
+
 impl Default for ModelConfig {
     fn default() -> Self {
         Self {

@@ -14,7 +14,7 @@ use ember_bench::{
     now_rfc3339, render_comparison, render_report, synthetic_prompt,
 };
 use ember_inference::{KvCacheKind, ModelAssets, WeightFormat};
-use ember_model::{AttentionKernel, EmberBackend, ModelSpec, Positions, Transformer};
+use ember_model::{AttentionKernel, EmberBackend, Transformer};
 use ember_training::{DataParallelSettings, HfModelStore, InMemoryData};
 
 use crate::Context;
@@ -348,20 +348,7 @@ impl BenchJob {
             .with_context(|| format!("loading {}", config_path.display()))?;
         let m = &config.model;
         let vocab = config.tokenizer.vocab_size;
-        let mut spec = ModelSpec::llama_style(
-            vocab,
-            m.hidden_size,
-            m.num_layers,
-            m.num_heads,
-            m.num_kv_heads,
-            m.intermediate_size,
-            m.block_size,
-        );
-        spec.features.tied_embeddings = m.tie_embeddings;
-        spec.features.norm.eps = m.norm_eps;
-        if let Positions::Rope(rope) = &mut spec.positions {
-            rope.theta = m.rope_theta;
-        }
+        let spec = m.spec(vocab);
         let kernel = args.load.attention;
         let settings = TrainSettings {
             config: config_path.display().to_string(),

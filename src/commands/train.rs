@@ -11,7 +11,7 @@ use anyhow::{Context as _, bail};
 use burn::backend::Autodiff;
 use burn::tensor::backend::{Device as _, DeviceId};
 use ember_dataset::{DocumentEncoder, PrepareOptions, Split, TokenDataset, stable_hash};
-use ember_model::{EmberBackend, ModelSpec, Positions, Transformer};
+use ember_model::{EmberBackend, Transformer};
 use ember_tokenizer::{NoProgress, Tokenizer};
 use ember_training::{
     AdamWConfig, CosineSchedule, DataParallelSettings, DecayPolicy, HfModelStore, MetricsRecord,
@@ -389,20 +389,7 @@ impl BackendJob for TrainJob {
         self.settings.precision =
             training_precision::<B>(self.config.training.precision, self.quiet);
         let m = &self.config.model;
-        let mut spec = ModelSpec::llama_style(
-            self.tokenizer.vocab_size(),
-            m.hidden_size,
-            m.num_layers,
-            m.num_heads,
-            m.num_kv_heads,
-            m.intermediate_size,
-            m.block_size,
-        );
-        spec.features.tied_embeddings = m.tie_embeddings;
-        spec.features.norm.eps = m.norm_eps;
-        if let Positions::Rope(rope) = &mut spec.positions {
-            rope.theta = m.rope_theta;
-        }
+        let spec = m.spec(self.tokenizer.vocab_size());
         let kernel = m.attention;
         let model = Transformer::<Autodiff<B>>::init(&spec, self.config.seed, &device)
             .context("building the model")?

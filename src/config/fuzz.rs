@@ -19,7 +19,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ember_model::ModelSpec;
 use ember_training::{AdamWConfig, CosineSchedule, DecayPolicy};
 use proptest::prelude::*;
 use serde_yaml::{Mapping, Value};
@@ -251,19 +250,7 @@ fn check(name: &str, text: &str) -> Result<(), TestCaseError> {
 fn check_usable(config: &RunConfig) -> Result<(), TestCaseError> {
     let m = &config.model;
     let vocab = config.tokenizer.vocab_size.max(1);
-    let mut spec = ModelSpec::llama_style(
-        vocab,
-        m.hidden_size,
-        m.num_layers,
-        m.num_heads,
-        m.num_kv_heads,
-        m.intermediate_size,
-        m.block_size,
-    );
-    spec.features.norm.eps = m.norm_eps;
-    if let ember_model::Positions::Rope(rope) = &mut spec.positions {
-        rope.theta = m.rope_theta;
-    }
+    let spec = m.spec(vocab);
     prop_assert!(
         spec.validate().is_ok(),
         "accepted a model the spec refuses: {:?}",
