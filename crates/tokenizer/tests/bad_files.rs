@@ -39,6 +39,14 @@ fn the_unedited_fixture_loads() {
 }
 
 #[test]
+fn a_document_that_is_not_an_object_is_an_error() {
+    for doc in [json!([1, 2]), json!("tokenizer"), json!(null)] {
+        assert_rejected(&doc, &["expected a JSON object"]);
+    }
+    assert_rejected(&json!({"model": []}), &["`model` must be an object"]);
+}
+
+#[test]
 fn a_vocab_id_of_two_to_the_31_is_out_of_range_not_an_abort() {
     // It used to size the id table to 2^31 + 1 entries (48 GB) and abort.
     let doc = edited(|d| d["model"]["vocab"]["We"] = json!(1u64 << 31));

@@ -112,7 +112,24 @@ fn node_mut<'v>(v: &'v mut Value, path: &[Step]) -> &'v mut Value {
 
 /// Applies `m` to `doc`.
 pub fn apply(doc: &mut Value, m: Mutation) {
-    let candidates = paths(doc, 6);
+    apply_sparing(doc, m, &[]);
+}
+
+/// Applies `m` to `doc`, leaving the top-level keys `spared` alone (a config's `architectures`, without which
+/// every mutant is the same "missing key" error). The document itself is never replaced whole: that case is
+/// one test, not a quarter of the fuzzing.
+pub fn apply_sparing(doc: &mut Value, m: Mutation, spared: &[&str]) {
+    let candidates: Vec<Vec<Step>> = paths(doc, 6)
+        .into_iter()
+        .filter(|p| match p.first() {
+            None => false,
+            Some(Step::Key(k)) => !spared.contains(&k.as_str()),
+            Some(Step::Index(_)) => true,
+        })
+        .collect();
+    if candidates.is_empty() {
+        return;
+    }
     let path = &candidates[m.node % candidates.len()];
     if m.kind >= 20 && !path.is_empty() {
         // Structural: drop the node or duplicate it within its parent.
