@@ -166,7 +166,20 @@ fn two_tokens_with_one_id_are_an_error() {
 #[test]
 fn a_merge_of_unknown_tokens_is_an_error() {
     let doc = edited(|d| d["model"]["merges"][0] = json!(["Ġ", "zzz"]));
-    assert_rejected(&doc, &["merge 0", "\"zzz\" is not in the vocabulary"]);
+    assert_rejected(
+        &doc,
+        &["model.merges[0]", "\"zzz\" is not in the vocabulary"],
+    );
+    // In merges.txt the error gives the line.
+    let tmp = tempfile::tempdir().unwrap();
+    let (v, m) = (tmp.path().join("vocab.json"), tmp.path().join("merges.txt"));
+    std::fs::write(&v, r#"{"a": 0, "b": 1, "ab": 2}"#).unwrap();
+    std::fs::write(&m, "#version: 0.2\na b\n\na c\n").unwrap();
+    let err = Tokenizer::from_gpt2_files(&v, &m).unwrap_err().to_string();
+    assert!(
+        err.contains("merges.txt") && err.contains("line 4"),
+        "{err}"
+    );
 }
 
 #[test]

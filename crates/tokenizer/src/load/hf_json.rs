@@ -35,16 +35,19 @@ impl Tokenizer {
         let vocab = json::parse(&read(vocab_path)?, vocab_path)?;
         let merges_text = String::from_utf8(read(merges_path)?)
             .map_err(|_| TokenizerError::malformed(merges_path, "not UTF-8"))?;
-        let merges: Vec<Value> = merges_text
+        // Each merge with its line, so an error points at the line of the file.
+        let (lines, merges): (Vec<usize>, Vec<Value>) = merges_text
             .lines()
-            .filter(|l| !l.starts_with("#version") && !l.trim().is_empty())
-            .map(|l| Value::String(l.to_owned()))
-            .collect();
+            .enumerate()
+            .filter(|(_, l)| !l.starts_with("#version") && !l.trim().is_empty())
+            .map(|(n, l)| (n + 1, Value::String(l.to_owned())))
+            .unzip();
         let pairs = HfLoader::new(vocab_path).vocab_pairs(&vocab, "vocab.json")?;
         // No added tokens here: every id is one of the file's entries.
         let limit = id_limit(pairs.len());
         let tokens = dense_tokens(pairs, limit, vocab_path, "vocab.json")?;
-        let merges = HfLoader::new(merges_path).merges(&merges, &tokens)?;
+        let merges = HfLoader::new(merges_path)
+            .merges(&merges, &tokens, |n| format!("line {}", lines[n]))?;
         let token_bytes: Vec<Vec<u8>> = tokens.iter().map(|t| byte_level_bytes(t)).collect();
         let eos = tokens
             .iter()
@@ -161,7 +164,9 @@ impl<'p> HfLoader<'p> {
         let pairs = self.vocab_pairs(vocab, "model.vocab")?;
         let limit = id_limit(pairs.len() + raw_added.len());
         let tokens = dense_tokens(pairs, limit, self.path, "model.vocab")?;
-        let merges = self.merges(f.array(model, "merges", "model")?, &tokens)?;
+        let merges = self.merges(f.array(model, "merges", "model")?, &tokens, |n| {
+            format!("model.merges[{n}]")
+        })?;
         let unk = match f.opt_str(model, "unk_token", "model")? {
             Some(u) => Some(tokens.iter().position(|t| t == u).ok_or_else(|| {
                 self.bad(format!("model.unk_token {u:?} is not in the vocabulary"))
@@ -251,7 +256,13 @@ impl<'p> HfLoader<'p> {
     }
 
     /// Merges as `"left right"` strings or `[left, right]` arrays, resolved to `(left, right, merged)` ids.
-    fn merges(&self, merges: &[Value], tokens: &[String]) -> Result<Vec<(u32, u32, u32)>> {
+    /// `at(n)` names merge `n` in errors (its index in `model.merges`, or its line in `merges.txt`).
+    fn merges(
+        &self,
+        merges: &[Value],
+        tokens: &[String],
+        at: impl Fn(usize) -> String,
+    ) -> Result<Vec<(u32, u32, u32)>> {
         let ids: rustc_hash::FxHashMap<&str, u32> = tokens
             .iter()
             .enumerate()
@@ -261,20 +272,21 @@ impl<'p> HfLoader<'p> {
             .collect();
         let mut out = Vec::with_capacity(merges.len());
         for (n, merge) in merges.iter().enumerate() {
+            let n = at(n);
             let (left, right) = match merge {
                 Value::String(s) => s
                     .split_once(' ')
-                    .ok_or_else(|| self.bad(format!("merge {n} ({s:?}) is not `left right`")))?,
+                    .ok_or_else(|| self.bad(format!("{n} ({s:?}) is not `left right`")))?,
                 Value::Array(a) if a.len() == 2 => match (a[0].as_str(), a[1].as_str()) {
                     (Some(l), Some(r)) => (l, r),
-                    _ => return Err(self.bad(format!("merge {n} is not a pair of strings"))),
+                    _ => return Err(self.bad(format!("{n} is not a pair of strings"))),
                 },
-                _ => return Err(self.bad(format!("merge {n} is neither a string nor a pair"))),
+                _ => return Err(self.bad(format!("{n} is neither a string nor a pair"))),
             };
             let id = |t: &str| {
                 ids.get(t).copied().ok_or_else(|| {
                     self.bad(format!(
-                        "merge {n} ({left:?} {right:?}): {t:?} is not in the vocabulary"
+                        "{n} ({left:?} {right:?}): {t:?} is not in the vocabulary"
                     ))
                 })
             };
