@@ -4,7 +4,7 @@
 //! file, or a spec that passes `validate` and whose memory needs are within the bound; a spec small enough is
 //! then built and run on a few tokens, which must neither panic nor give non-finite logits.
 //!
-//! CI runs 256 cases (a few seconds in a debug build). A long run:
+//! CI runs 1000 cases (about a second). A long run:
 //!
 //! ```text
 //! EMBER_FUZZ_CASES=100000 cargo test --release -p ember-model --test fuzz_config
@@ -55,7 +55,7 @@ fn configs() -> &'static [(PathBuf, Value)] {
 const RUN_BYTES: u128 = 8 << 20;
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(cases(256)))]
+    #![proptest_config(ProptestConfig::with_cases(cases(1000)))]
 
     #[test]
     fn mutated_configs_parse_to_a_valid_spec_or_name_the_file(

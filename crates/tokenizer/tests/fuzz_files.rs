@@ -3,7 +3,7 @@
 //! `Ok` or an error naming the file, never panic or abort, and a tokenizer that loads must encode and decode
 //! without panicking.
 //!
-//! CI runs 256 cases per target (a few seconds in a debug build). A long run:
+//! CI runs 512 cases per target (about two seconds). A long run:
 //!
 //! ```text
 //! EMBER_FUZZ_CASES=100000 cargo test --release -p ember-tokenizer --test fuzz_files
@@ -183,7 +183,7 @@ fn mutate_lines(lines: &mut Vec<String>, at: usize, kind: u8, param: u64) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(cases(256)))]
+    #![proptest_config(ProptestConfig::with_cases(cases(512)))]
 
     #[test]
     fn mutated_tokenizer_json_loads_or_names_the_file(
