@@ -81,11 +81,17 @@ impl<'de> Visitor<'de> for StrictVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Value, A::Error> {
         let mut out = Map::new();
         while let Some(key) = map.next_key::<String>()? {
-            let Strict(v) = map.next_value()?;
-            if out.contains_key(&key) {
-                return Err(de::Error::custom(format_args!("duplicate key {key:?}")));
+            match out.entry(key) {
+                serde_json::map::Entry::Vacant(slot) => {
+                    slot.insert(map.next_value::<Strict>()?.0);
+                }
+                serde_json::map::Entry::Occupied(slot) => {
+                    return Err(de::Error::custom(format_args!(
+                        "duplicate key {:?}",
+                        slot.key()
+                    )));
+                }
             }
-            out.insert(key, v);
         }
         Ok(Value::Object(out))
     }
