@@ -8,7 +8,59 @@ use ember_attention::RopeConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
-use crate::tensors::{TensorRole, TensorSpec};
+use crate::tensors::{ModuleShape, TensorRole, TensorSpec};
+
+/// The largest vocabulary, width, head count, context or window a spec may have: token ids, positions and
+/// tensor indices travel as 32-bit integers (burn's `Int` element is `i32` on the GPU backends), so a larger
+/// size could not be indexed. Published models stay far below it (the longest context is about 10M).
+pub const MAX_SIZE: usize = i32::MAX as usize;
+
+/// The most layers a spec may have: 30x the deepest published decoder (LLaMA 3.1 405B, 126 layers). Config
+/// parsers check it before building anything per layer, so a count of 2^40 is an error, not an abort.
+pub const MAX_LAYERS: usize = 4096;
+
+/// The most memory a shape may need ([`MemoryNeeds::total`]): 2^47 bytes (128 TiB), the user address space of
+/// x86-64 and AArch64 with 4-level page tables, so no machine ember runs on could allocate more, while the
+/// largest dense model published (LLaMA 3.1 405B: 1.6 TB of f32 weights plus 0.13 TB of KV cache for its
+/// full 128k context) needs 80x less. Whether a shape below it fits this machine is for the loader to say.
+pub const MAX_MODEL_BYTES: u128 = 1 << 47;
+
+/// What a shape needs in memory at f32, from [`ModelSpec::memory_needs`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryNeeds {
+    /// Parameters (a tied LM head counted once), equal to [`ModelSpec::parameter_count`].
+    pub parameters: u128,
+    /// The weights in f32.
+    pub weight_bytes: u128,
+    /// RoPE cos/sin tables covering the whole context (0 for learned positions). Tables are built for the
+    /// positions in use, so this is what the longest sequence would need.
+    pub rope_table_bytes: u128,
+    /// Keys and values of every layer for one sequence as long as the context, in f32.
+    pub kv_cache_bytes: u128,
+}
+
+impl MemoryNeeds {
+    /// Weights, RoPE tables and the KV cache together.
+    pub fn total(&self) -> u128 {
+        self.weight_bytes + self.rope_table_bytes + self.kv_cache_bytes
+    }
+}
+
+/// `bytes` in binary units (three decimals), for messages.
+fn human_bytes(bytes: u128) -> String {
+    const UNITS: [&str; 7] = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} bytes")
+    } else {
+        format!("{value:.3} {}", UNITS[unit])
+    }
+}
 
 /// Normalisation layer kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -225,11 +277,12 @@ impl ModelSpec {
         }
     }
 
-    /// Checks that the sizes agree with each other; every constructor path (config parsers, training configs)
-    /// goes through this before a model is built.
+    /// Checks that the sizes agree with each other and that the shape fits in memory; every constructor path
+    /// (config parsers, GGUF headers, training configs) goes through this before a model is built. The checks
+    /// run in an order that never overflows: each size is bounded before any product of sizes is formed.
     pub fn validate(&self) -> Result<()> {
         let fail = |msg: String| Err(ModelError::InvalidSpec(msg));
-        let positive = [
+        let sizes = [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
             ("num_layers", self.num_layers),
@@ -239,8 +292,19 @@ impl ModelSpec {
             ("intermediate_size", self.intermediate_size),
             ("context_length", self.context_length),
         ];
-        if let Some((key, _)) = positive.iter().find(|(_, v)| *v == 0) {
+        if let Some((key, _)) = sizes.iter().find(|(_, v)| *v == 0) {
             return fail(format!("{key} must be positive"));
+        }
+        if let Some((key, v)) = sizes.iter().find(|(_, v)| *v > MAX_SIZE) {
+            return fail(format!(
+                "{key} is {v}, expected at most {MAX_SIZE} (ids, positions and tensor indices are 32-bit)"
+            ));
+        }
+        if self.num_layers > MAX_LAYERS {
+            return fail(format!(
+                "num_layers is {}, expected at most {MAX_LAYERS}",
+                self.num_layers
+            ));
         }
         if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return fail(format!(
@@ -255,8 +319,15 @@ impl ModelSpec {
                 self.num_layers
             ));
         }
-        if self.attention_windows.contains(&Some(0)) {
-            return fail("an attention window must be at least 1".to_string());
+        if let Some(w) = self
+            .attention_windows
+            .iter()
+            .flatten()
+            .find(|&&w| w == 0 || w > MAX_SIZE)
+        {
+            return fail(format!(
+                "an attention window is {w}, expected 1 to {MAX_SIZE}"
+            ));
         }
         if let Positions::Rope(rope) = &self.positions {
             if rope.head_dim != self.head_dim {
@@ -268,10 +339,102 @@ impl ModelSpec {
             rope.validate()
                 .map_err(|e| ModelError::InvalidSpec(e.to_string()))?;
         }
-        if self.features.norm.bias && self.features.norm.kind == NormKind::RmsNorm {
+        let norm = self.features.norm;
+        if norm.bias && norm.kind == NormKind::RmsNorm {
             return fail("RMSNorm has no bias".to_string());
         }
+        // The kernels add eps in f32: a value that is not a positive f32 (negative, zero, NaN, infinite, or so
+        // small or large that f32 rounds it to 0 or infinity) makes every norm output NaN or infinite.
+        let eps = norm.eps as f32;
+        if !(eps.is_finite() && eps > 0.0) {
+            return fail(format!(
+                "norm eps is {:e}, expected a positive number that f32 can hold (e.g. 1e-5)",
+                norm.eps
+            ));
+        }
+        if let Some(scale) = self.features.attention_scale
+            && !((scale as f32).is_finite() && scale > 0.0)
+        {
+            return fail(format!(
+                "attention scale is {scale}, expected a positive finite number"
+            ));
+        }
+        let needs = self.memory_needs().expect("every size was bounded above");
+        if needs.total() > MAX_MODEL_BYTES {
+            return fail(format!(
+                "this shape needs {}: weights {} ({} parameters in f32), RoPE tables {} and a KV cache of {} \
+                 for one sequence of {} positions; ember refuses shapes beyond {} (2^47 bytes, the user \
+                 address space of x86-64 and AArch64), which no machine can allocate",
+                human_bytes(needs.total()),
+                human_bytes(needs.weight_bytes),
+                needs.parameters,
+                human_bytes(needs.rope_table_bytes),
+                human_bytes(needs.kv_cache_bytes),
+                self.context_length,
+                human_bytes(MAX_MODEL_BYTES),
+            ));
+        }
         Ok(())
+    }
+
+    /// What running this shape needs in f32, computed without allocating anything (not even the tensor
+    /// list), in 128-bit arithmetic so no shape overflows it. `None` when a size exceeds [`MAX_SIZE`] or the
+    /// layers [`MAX_LAYERS`], the bounds [`ModelSpec::validate`] checks first.
+    pub fn memory_needs(&self) -> Option<MemoryNeeds> {
+        let sizes = [
+            self.vocab_size,
+            self.hidden_size,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.intermediate_size,
+            self.context_length,
+        ];
+        if sizes.iter().any(|&s| s > MAX_SIZE) || self.num_layers > MAX_LAYERS {
+            return None;
+        }
+        let n = |x: usize| x as u128;
+        let norm_bias = self.features.norm.bias && self.features.norm.kind == NormKind::LayerNorm;
+        let module = |shape: ModuleShape| match shape {
+            ModuleShape::Norm { dim } => n(dim) * if norm_bias { 2 } else { 1 },
+            ModuleShape::Linear {
+                inputs,
+                outputs,
+                bias,
+            } => n(inputs) * n(outputs) + if bias { n(outputs) } else { 0 },
+        };
+        // One block's modules, counted once and multiplied: the same shapes `tensors()` lists per layer.
+        let per_layer: u128 = crate::tensors::block_modules(self)
+            .into_iter()
+            .map(|(_, shape)| module(shape))
+            .sum();
+        let (h, vocab, context) = (
+            n(self.hidden_size),
+            n(self.vocab_size),
+            n(self.context_length),
+        );
+        let heads = if self.features.tied_embeddings { 1 } else { 2 };
+        let positions = match self.positions {
+            Positions::Learned => context * h,
+            Positions::Rope(_) => 0,
+        };
+        let parameters = heads * vocab * h
+            + positions
+            + n(self.num_layers) * per_layer
+            + module(ModuleShape::Norm {
+                dim: self.hidden_size,
+            });
+        let rope_table_bytes = match &self.positions {
+            // A cos and a sin table, one f32 row of head_dim per position.
+            Positions::Rope(_) => 2 * context * n(self.head_dim) * 4,
+            Positions::Learned => 0,
+        };
+        Some(MemoryNeeds {
+            parameters,
+            weight_bytes: parameters * 4,
+            rope_table_bytes,
+            kv_cache_bytes: context * 2 * n(self.num_layers) * n(self.kv_dim()) * 4,
+        })
     }
 
     /// Width of all query heads together.

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use burn::tensor::backend::Backend;
 
 use crate::AttentionError;
-use crate::rope::{Rope, RopeConfig, RopeScaling};
+use crate::rope::{Rope, RopeConfig, RopeScaling, max_cached_positions};
 
 /// The tables of one backend and device.
 struct Entry<B: Backend> {
@@ -41,7 +41,9 @@ impl RopeCache {
     }
 
     /// RoPE for `config` on `device` with tables for up to `positions` positions (fewer for dynamic NTK, whose
-    /// frequencies are static only up to its `max_position_embeddings`; [`Rope`] builds longer ones on the fly).
+    /// frequencies are static only up to its `max_position_embeddings`, and at most 64 MiB of tables, so a
+    /// context claiming billions of positions does not allocate for all of them; [`Rope`] builds rows past the
+    /// cached ones on the fly).
     /// Reuses the cached tables when they were built for the same backend, device and config and cover as many
     /// positions.
     pub fn get<B: Backend>(
@@ -57,7 +59,8 @@ impl RopeCache {
             } => positions.min(max_position_embeddings),
             _ => positions,
         }
-        .max(1);
+        // What `Rope::new` will cache: comparing against more would rebuild the tables on every call.
+        .clamp(1, max_cached_positions(config.head_dim));
         // A panic while building leaves the slot as it was (the new entry is stored only once complete).
         let mut slot = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(entry) = slot.as_ref().and_then(|e| e.downcast_ref::<Entry<B>>())

@@ -139,7 +139,7 @@ impl RopeConfig {
                 bad(key, format!("is {value}, expected a positive number"))
             }
         };
-        match self.scaling {
+        let scaling = match self.scaling {
             RopeScaling::None => Ok(()),
             RopeScaling::Linear { factor } => positive("rope_scaling.factor", factor),
             RopeScaling::Llama3 {
@@ -176,7 +176,21 @@ impl RopeConfig {
                     max_position_embeddings as f64,
                 )
             }
+        };
+        scaling?;
+        // Each value can be in range while the frequencies they make are not (a linear factor of 1e-300
+        // divides them to infinity in f32): every angle would be NaN and so would every logit.
+        if let Some(f) = self
+            .inv_freq(1)
+            .into_iter()
+            .find(|f| !(f.is_finite() && *f >= 0.0))
+        {
+            return bad(
+                "rope_scaling",
+                format!("gives the inverse frequency {f}, expected finite frequencies"),
+            );
         }
+        Ok(())
     }
 
     /// The `rotary_dim / 2` inverse frequencies for a sequence of `seq_len` positions (only dynamic NTK

@@ -10,6 +10,18 @@ use burn::tensor::{ElementConversion, Int, Tensor, TensorData, TensorPrimitive, 
 
 use crate::{AttentionError, EmberBackend};
 
+/// The most bytes of cos/sin tables [`Rope::new`] builds up front (64 MiB: 64k positions at head_dim 128).
+///
+/// A config's context length comes from a file and may claim billions of positions; building tables for all of
+/// them at the first forward pass would allocate terabytes. Positions past the cached rows still work: their
+/// rows are computed for the call that uses them, at a cost proportional to that call's tokens.
+pub(crate) const MAX_CACHED_TABLE_BYTES: usize = 64 << 20;
+
+/// How many positions [`Rope::new`] caches at most for heads `head_dim` wide (see [`MAX_CACHED_TABLE_BYTES`]).
+pub(crate) fn max_cached_positions(head_dim: usize) -> usize {
+    (MAX_CACHED_TABLE_BYTES / (2 * 4 * head_dim.max(1))).max(1)
+}
+
 /// RoPE ready to apply: the config plus cos/sin tables for positions `0..max_positions` on one device.
 #[derive(Clone, Debug)]
 pub struct Rope<B: Backend> {
@@ -25,7 +37,8 @@ pub struct Rope<B: Backend> {
 }
 
 impl<B: Backend> Rope<B> {
-    /// Validates `config` and caches tables for `max_positions` positions on `device`.
+    /// Validates `config` and caches tables for `max_positions` positions on `device`, or for as many as fit
+    /// in 64 MiB when that is fewer (65536 positions at head_dim 128).
     ///
     /// Positions beyond the cache still work (tables for them are built on the fly), as do dynamic-NTK
     /// sequences longer than `max_position_embeddings`, whose frequencies depend on the length.
@@ -35,7 +48,8 @@ impl<B: Backend> Rope<B> {
         device: &B::Device,
     ) -> Result<Self, AttentionError> {
         config.validate()?;
-        let (cos, sin) = tables(&config, 0, max_positions, max_positions, device);
+        let cached = max_positions.clamp(1, max_cached_positions(config.head_dim));
+        let (cos, sin) = tables(&config, start_rows(0, cached), cached, device);
         let rotation = rotation(&config, device);
         Ok(Self {
             config,
@@ -71,7 +85,12 @@ impl<B: EmberBackend> Rope<B> {
                 self.sin.clone().slice(rows),
             )
         } else {
-            tables(&self.config, position_offset, end, end, &x.device())
+            tables(
+                &self.config,
+                start_rows(position_offset, end),
+                end,
+                &x.device(),
+            )
         };
         self.rotate(
             x,
@@ -92,19 +111,28 @@ impl<B: EmberBackend> Rope<B> {
         // One scalar read: it decides whether the cached table covers every position.
         let needed = positions.clone().max().into_scalar().elem::<i64>() + 1;
         let needed = usize::try_from(needed).expect("rope positions must be non-negative");
-        let (cos, sin) =
-            if needed <= self.max_positions() && !self.config.needs_dynamic_tables(needed) {
-                (self.cos.clone(), self.sin.clone())
-            } else {
-                tables(&self.config, 0, needed, needed, &x.device())
-            };
         let flat = positions.reshape([batch * seq]);
-        let gather = |table: Tensor<B, 2>| {
-            table
-                .select(0, flat.clone())
-                .reshape([batch, 1, seq, head_dim])
-        };
-        self.rotate(x, gather(cos), gather(sin))
+        if needed <= self.max_positions() && !self.config.needs_dynamic_tables(needed) {
+            let gather = |table: Tensor<B, 2>| {
+                table
+                    .select(0, flat.clone())
+                    .reshape([batch, 1, seq, head_dim])
+            };
+            return self.rotate(x, gather(self.cos.clone()), gather(self.sin.clone()));
+        }
+        // Past the cache: rows for exactly these positions, not a table up to the largest of them (which a
+        // long context would make huge for every decode step).
+        let at: Vec<usize> = flat
+            .into_data()
+            .convert::<i64>()
+            .into_vec::<i64>()
+            .expect("positions convert to i64")
+            .into_iter()
+            .map(|p| usize::try_from(p).expect("rope positions must be non-negative"))
+            .collect();
+        let (cos, sin) = tables(&self.config, at, needed, &x.device());
+        let shape = [batch, 1, seq, head_dim];
+        self.rotate(x, cos.reshape(shape), sin.reshape(shape))
     }
 
     /// Rotates `x` by angles whose full-width cos/sin are `[batch | 1, 1, seq, head_dim]`, through the backend's
@@ -149,22 +177,26 @@ fn rotation<B: Backend>(config: &RopeConfig, device: &B::Device) -> Tensor<B, 2>
     Tensor::from_data(TensorData::new(r, [d, d]), device)
 }
 
-/// Full-width cos/sin `[end - start, head_dim]` of positions `start..end` (see [`Rope`]'s fields), with
+/// Positions `start..end` as the rows of a table.
+fn start_rows(start: usize, end: usize) -> Vec<usize> {
+    (start..end).collect()
+}
+
+/// Full-width cos/sin `[positions.len(), head_dim]`, one row per position (see [`Rope`]'s fields), with
 /// frequencies for a sequence of `seq_len` positions. Angles are `f32(position) * f32(inv_freq)` in f32, as
 /// Hugging Face computes them, so tables match reference checkpoints' numerics.
 fn tables<B: Backend>(
     config: &RopeConfig,
-    start: usize,
-    end: usize,
+    positions: Vec<usize>,
     seq_len: usize,
     device: &B::Device,
 ) -> (Tensor<B, 2>, Tensor<B, 2>) {
     let inv_freq = config.inv_freq(seq_len);
     let d = config.head_dim;
-    let rows = end - start;
+    let rows = positions.len();
     let mut cos = vec![1f32; rows * d];
     let mut sin = vec![0f32; rows * d];
-    for (row, pos) in (start..end).enumerate() {
+    for (row, pos) in positions.into_iter().enumerate() {
         for ((first, second), f) in pairs(config).zip(&inv_freq) {
             let angle = f64::from(pos as f32 * f);
             let (c, s) = (angle.cos() as f32, angle.sin() as f32);
@@ -179,4 +211,54 @@ fn tables<B: Backend>(
         Tensor::from_data(TensorData::new(cos, shape), device),
         Tensor::from_data(TensorData::new(sin, shape), device),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::Flex;
+    use burn::tensor::{Distribution, Int, Tensor, TensorData};
+
+    use super::*;
+
+    fn values(t: Tensor<Flex, 4>) -> Vec<f32> {
+        t.into_data().into_vec().unwrap()
+    }
+
+    #[test]
+    fn a_huge_claimed_context_caches_a_bounded_table() {
+        // usize::MAX positions used to overflow the table size (a capacity-overflow panic); 2^31 to abort.
+        let rope = Rope::<Flex>::new(RopeConfig::new(64), usize::MAX, &Default::default()).unwrap();
+        assert_eq!(rope.max_positions(), max_cached_positions(64));
+        assert!(2 * 4 * 64 * rope.max_positions() <= MAX_CACHED_TABLE_BYTES);
+        let cache = RopeCache::new();
+        for _ in 0..3 {
+            cache
+                .get::<Flex>(&RopeConfig::new(64), usize::MAX, &Default::default())
+                .unwrap();
+        }
+        assert_eq!(cache.builds(), 1, "a capped table serves every later call");
+    }
+
+    #[test]
+    fn rows_past_the_cache_match_the_cached_rows_by_either_path() {
+        let device = Default::default();
+        let config = RopeConfig::new(16).with_theta(500.0);
+        let small = Rope::<Flex>::new(config.clone(), 8, &device).unwrap();
+        let large = Rope::<Flex>::new(config, 4096, &device).unwrap();
+        let x = Tensor::<Flex, 4>::random([2, 3, 5, 16], Distribution::Default, &device);
+        let offset = 1000;
+        let positions: Vec<i64> = (0..2)
+            .flat_map(|row| (0..5).map(move |i| offset + 7 * row + i))
+            .collect();
+        let at = Tensor::<Flex, 2, Int>::from_data(TensorData::new(positions, [2, 5]), &device);
+        // Past `small`'s 8 cached rows both paths compute rows for the call; `large` reads its cache.
+        assert_eq!(
+            values(small.apply(x.clone(), offset as usize)),
+            values(large.apply(x.clone(), offset as usize))
+        );
+        assert_eq!(
+            values(small.apply_at(x.clone(), at.clone())),
+            values(large.apply_at(x, at))
+        );
+    }
 }

@@ -4,7 +4,9 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{Family, TensorSource, activation, from_value, split_layer};
+use super::{
+    Family, TensorSource, activation, derived_head_dim, from_value, layer_count, split_layer, times,
+};
 use crate::spec::{Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
 use crate::tensors::{EMBED, LM_HEAD, POS_EMBED, TensorSpec};
 
@@ -53,21 +55,24 @@ impl Family for Gpt2 {
         if c.scale_attn_by_inverse_layer_idx {
             return Err("`scale_attn_by_inverse_layer_idx: true` is not supported".to_string());
         }
-        if c.n_head == 0 {
-            return Err("`n_head` must be positive".to_string());
-        }
+        let num_layers = layer_count("n_layer", c.n_layer)?;
+        let head_dim = derived_head_dim("n_embd", c.n_embd, "n_head", c.n_head)?;
+        let intermediate_size = match c.n_inner {
+            Some(n) => n,
+            None => times(4, "n_embd", c.n_embd)?,
+        };
         Ok(ModelSpec {
             architecture: self.architecture().to_string(),
             vocab_size: c.vocab_size,
             hidden_size: c.n_embd,
-            num_layers: c.n_layer,
+            num_layers,
             num_heads: c.n_head,
             num_kv_heads: c.n_head,
-            head_dim: c.n_embd / c.n_head,
-            intermediate_size: c.n_inner.unwrap_or(4 * c.n_embd),
+            head_dim,
+            intermediate_size,
             context_length: c.n_positions,
             positions: Positions::Learned,
-            attention_windows: vec![None; c.n_layer],
+            attention_windows: vec![None; num_layers],
             features: Features {
                 norm: NormSpec {
                     kind: NormKind::LayerNorm,

@@ -4,7 +4,9 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{Family, TensorSource, activation, from_value, split_layer};
+use super::{
+    Family, TensorSource, activation, derived_head_dim, from_value, layer_count, split_layer, times,
+};
 use crate::spec::{Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
 use crate::tensors::{EMBED, LM_HEAD, POS_EMBED, TensorSpec};
 
@@ -54,10 +56,33 @@ impl Family for GptNeo {
 
     fn parse_config(&self, config: &Value) -> Result<ModelSpec, String> {
         let c: GptNeoConfig = from_value(config)?;
+        let num_layers = layer_count("num_layers", c.num_layers)?;
+        let head_dim = derived_head_dim("hidden_size", c.hidden_size, "num_heads", c.num_heads)?;
+        let intermediate_size = match c.intermediate_size {
+            Some(n) => n,
+            None => times(4, "hidden_size", c.hidden_size)?,
+        };
         let pattern = c
             .attention_types
             .unwrap_or_else(|| vec![(vec!["global".into(), "local".into()], 12)]);
-        let mut windows = Vec::new();
+        // Count the layers the pattern expands to before expanding it: a repeat count of 2^40 would otherwise
+        // push 2^40 windows and abort.
+        let mut expanded = 0usize;
+        for (kinds, repeat) in &pattern {
+            expanded = kinds
+                .len()
+                .checked_mul(*repeat)
+                .and_then(|n| n.checked_add(expanded))
+                .ok_or_else(|| {
+                    "`attention_types` expands to more layers than fit in memory".to_string()
+                })?;
+        }
+        if expanded != num_layers {
+            return Err(format!(
+                "`attention_types` expands to {expanded} layers, `num_layers` is {num_layers}"
+            ));
+        }
+        let mut windows = Vec::with_capacity(num_layers);
         for (kinds, repeat) in &pattern {
             for _ in 0..*repeat {
                 for kind in kinds {
@@ -71,25 +96,15 @@ impl Family for GptNeo {
                 }
             }
         }
-        if windows.len() != c.num_layers {
-            return Err(format!(
-                "`attention_types` expands to {} layers, `num_layers` is {}",
-                windows.len(),
-                c.num_layers
-            ));
-        }
-        if c.num_heads == 0 {
-            return Err("`num_heads` must be positive".to_string());
-        }
         Ok(ModelSpec {
             architecture: self.architecture().to_string(),
             vocab_size: c.vocab_size,
             hidden_size: c.hidden_size,
-            num_layers: c.num_layers,
+            num_layers,
             num_heads: c.num_heads,
             num_kv_heads: c.num_heads,
-            head_dim: c.hidden_size / c.num_heads,
-            intermediate_size: c.intermediate_size.unwrap_or(4 * c.hidden_size),
+            head_dim,
+            intermediate_size,
             context_length: c.max_position_embeddings,
             positions: Positions::Learned,
             attention_windows: windows,

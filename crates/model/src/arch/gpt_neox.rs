@@ -5,7 +5,9 @@ use ember_attention::RopeLayout;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{Family, TensorSource, activation, from_value, rope, split_layer};
+use super::{
+    Family, TensorSource, activation, derived_head_dim, from_value, layer_count, rope, split_layer,
+};
 use crate::spec::{Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
 use crate::tensors::{EMBED, LM_HEAD, TensorSpec};
 
@@ -62,15 +64,18 @@ impl Family for GptNeoX {
 
     fn parse_config(&self, config: &Value) -> Result<ModelSpec, String> {
         let c: GptNeoXConfig = from_value(config)?;
-        if c.num_attention_heads == 0 {
-            return Err("`num_attention_heads` must be positive".to_string());
-        }
-        let head_dim = c.hidden_size / c.num_attention_heads;
+        let num_layers = layer_count("num_hidden_layers", c.num_hidden_layers)?;
+        let head_dim = derived_head_dim(
+            "hidden_size",
+            c.hidden_size,
+            "num_attention_heads",
+            c.num_attention_heads,
+        )?;
         Ok(ModelSpec {
             architecture: self.architecture().to_string(),
             vocab_size: c.vocab_size,
             hidden_size: c.hidden_size,
-            num_layers: c.num_hidden_layers,
+            num_layers,
             num_heads: c.num_attention_heads,
             num_kv_heads: c.num_attention_heads,
             head_dim,
@@ -82,7 +87,7 @@ impl Family for GptNeoX {
                 head_dim,
                 c.max_position_embeddings,
             )?),
-            attention_windows: vec![None; c.num_hidden_layers],
+            attention_windows: vec![None; num_layers],
             features: Features {
                 norm: NormSpec {
                     kind: NormKind::LayerNorm,

@@ -5,7 +5,9 @@ use ember_attention::RopeLayout;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{Family, TensorSource, activation, from_value, hf_names, rope};
+use super::{
+    Family, TensorSource, activation, derived_head_dim, from_value, hf_names, layer_count, rope,
+};
 use crate::spec::{Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
 use crate::tensors::TensorSpec;
 
@@ -55,24 +57,30 @@ pub(crate) fn lineage_spec(
     if c.num_attention_heads == 0 {
         return Err("`num_attention_heads` must be positive".to_string());
     }
-    let head_dim = c
-        .head_dim
-        .or(defaults.head_dim)
-        .unwrap_or(c.hidden_size / c.num_attention_heads);
+    let num_layers = layer_count("num_hidden_layers", c.num_hidden_layers)?;
+    let head_dim = match c.head_dim.or(defaults.head_dim) {
+        Some(d) => d,
+        None => derived_head_dim(
+            "hidden_size",
+            c.hidden_size,
+            "num_attention_heads",
+            c.num_attention_heads,
+        )?,
+    };
     let context_length = c.max_position_embeddings.unwrap_or(defaults.max_positions);
     let rope = rope::parse(config, &rope::STANDARD, head_dim, context_length)?;
     let spec = ModelSpec {
         architecture: defaults.architecture.to_string(),
         vocab_size: c.vocab_size,
         hidden_size: c.hidden_size,
-        num_layers: c.num_hidden_layers,
+        num_layers,
         num_heads: c.num_attention_heads,
         num_kv_heads: c.num_key_value_heads.unwrap_or(c.num_attention_heads),
         head_dim,
         intermediate_size: c.intermediate_size,
         context_length,
         positions: Positions::Rope(rope),
-        attention_windows: vec![None; c.num_hidden_layers],
+        attention_windows: vec![None; num_layers],
         features: Features {
             norm: NormSpec {
                 kind: NormKind::RmsNorm,

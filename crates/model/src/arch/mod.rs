@@ -158,9 +158,54 @@ pub fn read_config(path: &Path) -> Result<(&'static dyn Family, ModelSpec)> {
     parse_config_value(&value, path)
 }
 
-/// Deserialises a family's config struct, turning serde's error into a message that names the key.
+/// Deserialises a family's config struct, turning serde's error into a message that names the key: serde_json
+/// alone says "invalid type: string \"8\", expected usize" without saying where.
 pub(crate) fn from_value<T: DeserializeOwned>(config: &Value) -> Result<T, String> {
-    serde_json::from_value(config.clone()).map_err(|e| format!("{e}"))
+    serde_path_to_error::deserialize(config).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path.is_empty() || path == "." {
+            inner.to_string()
+        } else {
+            format!("`{path}`: {inner}")
+        }
+    })
+}
+
+/// `n` as a layer count read from `key`, refused before anything is built per layer: a count of 2^40 would
+/// otherwise size per-layer tables (windows, tensor lists) and abort before [`ModelSpec::validate`] runs.
+pub(crate) fn layer_count(key: &str, n: usize) -> Result<usize, String> {
+    use crate::spec::MAX_LAYERS;
+    if n > MAX_LAYERS {
+        return Err(format!("`{key}` is {n}, expected at most {MAX_LAYERS}"));
+    }
+    Ok(n)
+}
+
+/// `hidden / heads` for a family that derives the head width, refusing a split that truncates (heads that do
+/// not divide the hidden size would silently drop columns).
+pub(crate) fn derived_head_dim(
+    hidden_key: &str,
+    hidden: usize,
+    heads_key: &str,
+    heads: usize,
+) -> Result<usize, String> {
+    if heads == 0 {
+        return Err(format!("`{heads_key}` must be positive"));
+    }
+    if !hidden.is_multiple_of(heads) {
+        return Err(format!(
+            "`{hidden_key}` ({hidden}) must be a multiple of `{heads_key}` ({heads})"
+        ));
+    }
+    Ok(hidden / heads)
+}
+
+/// `factor * size` for a default such as GPT-2's `n_inner = 4 * n_embd`, an error instead of an overflow.
+pub(crate) fn times(factor: usize, key: &str, size: usize) -> Result<usize, String> {
+    factor
+        .checked_mul(size)
+        .ok_or_else(|| format!("`{key}` ({size}) is too large"))
 }
 
 /// Parses a Hugging Face activation name, naming the key on failure.

@@ -22,10 +22,114 @@ pub(crate) const STANDARD: RopeKeys = RopeKeys {
     default_partial: 1.0,
 };
 
+/// The JSON type of `v`, for messages.
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// `map[key]` as a number; absent or of another type is an error naming `what.key`.
 fn number(map: &Map<String, Value>, key: &str, what: &str) -> Result<f64, String> {
-    map.get(key)
-        .and_then(Value::as_f64)
-        .ok_or_else(|| format!("`{what}` lacks the number `{key}`"))
+    match map.get(key) {
+        Some(v @ Value::Number(_)) => Ok(v.as_f64().unwrap_or(f64::NAN)),
+        Some(other) => Err(format!(
+            "`{what}.{key}` must be a number, found {}",
+            type_name(other)
+        )),
+        None => Err(format!("`{what}` lacks the number `{key}`")),
+    }
+}
+
+/// A number (absent or `null`: `None`), an error naming `name` when it is another type.
+fn optional_number(value: Option<&Value>, name: &str) -> Result<Option<f64>, String> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(v @ Value::Number(_)) => Ok(v.as_f64()),
+        Some(other) => Err(format!(
+            "`{name}` must be a number, found {}",
+            type_name(other)
+        )),
+    }
+}
+
+/// `config[key]` as a scaling object: absent or `null` is none, anything but an object is an error (a string
+/// or array there used to be ignored, silently dropping e.g. LLaMA 3's scaling).
+fn scaling_object<'c>(
+    config: &'c Value,
+    key: &str,
+) -> Result<Option<&'c Map<String, Value>>, String> {
+    match config.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(m)) => Ok(Some(m)),
+        Some(other) => Err(format!(
+            "`{key}` must be an object (or null), found {}",
+            type_name(other)
+        )),
+    }
+}
+
+/// The frequency scaling an object `what` describes.
+fn scaling(
+    params: &Map<String, Value>,
+    what: &str,
+    max_positions: usize,
+) -> Result<RopeScaling, String> {
+    let kind = match params.get("rope_type").or_else(|| params.get("type")) {
+        Some(Value::String(kind)) => kind.as_str(),
+        Some(other) => {
+            return Err(format!(
+                "`{what}.rope_type` must be a string, found {}",
+                type_name(other)
+            ));
+        }
+        // A factor without a type is a scaling that cannot be applied; dropping it would change the model.
+        None if params.contains_key("factor") => {
+            return Err(format!("`{what}` has a `factor` but no `rope_type`"));
+        }
+        None => "default",
+    };
+    Ok(match kind {
+        "default" => RopeScaling::None,
+        "linear" => RopeScaling::Linear {
+            factor: number(params, "factor", what)?,
+        },
+        "llama3" => RopeScaling::Llama3 {
+            factor: number(params, "factor", what)?,
+            low_freq_factor: number(params, "low_freq_factor", what)?,
+            high_freq_factor: number(params, "high_freq_factor", what)?,
+            original_max_position_embeddings: match params.get("original_max_position_embeddings") {
+                Some(v) => v
+                    .as_u64()
+                    .filter(|&n| n > 0)
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| {
+                        format!(
+                            "`{what}.original_max_position_embeddings` must be a positive integer, found {v}"
+                        )
+                    })?,
+                None => {
+                    return Err(format!(
+                        "`{what}` lacks the number `original_max_position_embeddings`"
+                    ));
+                }
+            },
+        },
+        "dynamic" => RopeScaling::Dynamic {
+            factor: number(params, "factor", what)?,
+            max_position_embeddings: max_positions,
+        },
+        other => {
+            return Err(format!(
+                "unsupported rope type `{other}` in `{what}` (supported: default, linear, llama3, dynamic)"
+            ));
+        }
+    })
 }
 
 /// The rotary spec of a config whose heads are `head_dim` wide and whose `max_position_embeddings` is `max_positions`.
@@ -35,59 +139,52 @@ pub(crate) fn parse(
     head_dim: usize,
     max_positions: usize,
 ) -> Result<RopeConfig, String> {
-    let (params, what) = match (config.get("rope_parameters"), config.get("rope_scaling")) {
-        (Some(Value::Object(p)), _) => (p.clone(), "rope_parameters"),
-        (_, Some(Value::Object(p))) => (p.clone(), "rope_scaling"),
-        _ => (Map::new(), "rope_parameters"),
-    };
-    let theta = params
-        .get("rope_theta")
-        .or_else(|| config.get(keys.theta_key))
-        .map(|v| {
-            v.as_f64()
-                .ok_or_else(|| format!("`{}` must be a number", keys.theta_key))
-        })
-        .transpose()?
-        .unwrap_or(10_000.0);
-    let partial = params
-        .get("partial_rotary_factor")
-        .or_else(|| config.get(keys.partial_key))
-        .map(|v| {
-            v.as_f64()
-                .ok_or_else(|| format!("`{}` must be a number", keys.partial_key))
-        })
-        .transpose()?
-        .unwrap_or(keys.default_partial);
-    let kind = params
-        .get("rope_type")
-        .or_else(|| params.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
-    let scaling = match kind {
-        "default" => RopeScaling::None,
-        "linear" => RopeScaling::Linear {
-            factor: number(&params, "factor", what)?,
-        },
-        "llama3" => RopeScaling::Llama3 {
-            factor: number(&params, "factor", what)?,
-            low_freq_factor: number(&params, "low_freq_factor", what)?,
-            high_freq_factor: number(&params, "high_freq_factor", what)?,
-            original_max_position_embeddings: number(
-                &params,
-                "original_max_position_embeddings",
-                what,
-            )? as usize,
-        },
-        "dynamic" => RopeScaling::Dynamic {
-            factor: number(&params, "factor", what)?,
-            max_position_embeddings: max_positions,
-        },
-        other => {
-            return Err(format!(
-                "unsupported rope type `{other}` in `{what}` (supported: default, linear, llama3, dynamic)"
-            ));
+    let parameters = scaling_object(config, "rope_parameters")?;
+    let legacy = scaling_object(config, "rope_scaling")?;
+    let scaling = match (parameters, legacy) {
+        (Some(p), Some(l)) => {
+            let (new, old) = (
+                scaling(p, "rope_parameters", max_positions)?,
+                scaling(l, "rope_scaling", max_positions)?,
+            );
+            // Both forms present: transformers reads one of them, depending on its version, so they must agree.
+            if new != old {
+                return Err(format!(
+                    "`rope_parameters` ({new:?}) and `rope_scaling` ({old:?}) disagree"
+                ));
+            }
+            new
         }
+        (Some(p), None) => scaling(p, "rope_parameters", max_positions)?,
+        (None, Some(l)) => scaling(l, "rope_scaling", max_positions)?,
+        (None, None) => RopeScaling::None,
     };
+    let params = parameters.or(legacy);
+    let what = if parameters.is_some() {
+        "rope_parameters"
+    } else {
+        "rope_scaling"
+    };
+    let in_params = |key: &str| params.and_then(|p| p.get(key));
+    let theta = match optional_number(in_params("rope_theta"), &format!("{what}.rope_theta"))? {
+        Some(t) => t,
+        None => optional_number(config.get(keys.theta_key), keys.theta_key)?.unwrap_or(10_000.0),
+    };
+    let nested = format!("{what}.partial_rotary_factor");
+    let (partial, partial_name) =
+        match optional_number(in_params("partial_rotary_factor"), &nested)? {
+            Some(p) => (p, nested.as_str()),
+            None => (
+                optional_number(config.get(keys.partial_key), keys.partial_key)?
+                    .unwrap_or(keys.default_partial),
+                keys.partial_key,
+            ),
+        };
+    if !(partial > 0.0 && partial <= 1.0) {
+        return Err(format!(
+            "`{partial_name}` is {partial}, expected a fraction in (0, 1]"
+        ));
+    }
     // transformers truncates the rotated width with int(); an odd result would break the pairing.
     let rotary_dim = ((head_dim as f64 * partial) as usize) & !1;
     Ok(RopeConfig {

@@ -2,6 +2,8 @@
 
 mod gguf;
 mod hf_json;
+mod ids;
+mod json;
 mod tiktoken;
 
 use std::path::Path;
@@ -175,28 +177,4 @@ pub(crate) fn sentencepiece_bytes(token: &str, byte_fallback: bool, marker: &str
         return vec![b];
     }
     token.replace(marker, " ").into_bytes()
-}
-
-/// Vocabulary strings by id from a `token -> id` map; ids must be dense.
-pub(crate) fn dense_tokens(
-    vocab: impl IntoIterator<Item = (String, u32)>,
-    path: &Path,
-    key: &str,
-) -> Result<Vec<String>> {
-    let mut tokens: Vec<Option<String>> = Vec::new();
-    for (token, id) in vocab {
-        let id = id as usize;
-        if id >= tokens.len() {
-            tokens.resize(id + 1, None);
-        }
-        if let Some(prev) = &tokens[id] {
-            return Err(TokenizerError::malformed(
-                path,
-                format!("{key}: id {id} is used by {prev:?} and {token:?}"),
-            ));
-        }
-        tokens[id] = Some(token);
-    }
-    // HF vocabularies may leave holes that added tokens fill; an empty string never matches.
-    Ok(tokens.into_iter().map(Option::unwrap_or_default).collect())
 }

@@ -4,9 +4,11 @@ use std::path::Path;
 
 use base64::Engine;
 
-use crate::added::AddedToken;
+use rustc_hash::FxHashMap;
+
 use crate::byte_level;
 use crate::error::{Result, TokenizerError};
+use crate::load::ids::{RawAdded, SameText, check_added};
 use crate::load::{ModelSpec, read};
 use crate::pretokenize::{CL100K_PATTERN, R50K_PATTERN, Splitter};
 use crate::tokenizer::{Parts, Tokenizer};
@@ -20,7 +22,7 @@ impl Tokenizer {
     ) -> Result<Self> {
         let path = path.as_ref();
         let ranks = parse(&read(path)?, path)?;
-        build(ranks, pattern, specials)
+        build(ranks, pattern, specials, path)
     }
 
     /// Loads a tiktoken rank file of a known encoding, recognised by its size: 50256 ranks is GPT-2 (`r50k_base`,
@@ -34,7 +36,7 @@ impl Tokenizer {
 pub(crate) fn from_known_ranks(bytes: &[u8], path: &Path) -> Result<Tokenizer> {
     let ranks = parse(bytes, path)?;
     match ranks.len() {
-        50256 => build(ranks, R50K_PATTERN, &[("<|endoftext|>", 50256)]),
+        50256 => build(ranks, R50K_PATTERN, &[("<|endoftext|>", 50256)], path),
         100256 => build(
             ranks,
             CL100K_PATTERN,
@@ -45,6 +47,7 @@ pub(crate) fn from_known_ranks(bytes: &[u8], path: &Path) -> Result<Tokenizer> {
                 ("<|fim_suffix|>", 100260),
                 ("<|endofprompt|>", 100276),
             ],
+            path,
         ),
         n => Err(TokenizerError::Unsupported {
             path: path.to_owned(),
@@ -60,6 +63,9 @@ fn parse(bytes: &[u8], path: &Path) -> Result<Vec<Vec<u8>>> {
     let text = std::str::from_utf8(bytes)
         .map_err(|e| TokenizerError::malformed(path, format!("not UTF-8: {e}")))?;
     let mut tokens = Vec::new();
+    // Line of each token: tiktoken itself refuses a file listing one token twice (its encoder and decoder
+    // would disagree), and so does this loader instead of letting the later rank win.
+    let mut seen: FxHashMap<Vec<u8>, usize> = FxHashMap::default();
     for (n, line) in text
         .lines()
         .enumerate()
@@ -84,6 +90,12 @@ fn parse(bytes: &[u8], path: &Path) -> Result<Vec<Vec<u8>>> {
                 tokens.len()
             )));
         }
+        if token.is_empty() {
+            return Err(bad("empty token"));
+        }
+        if let Some(first) = seen.insert(token.clone(), n + 1) {
+            return Err(bad(&format!("the same token as line {first}")));
+        }
         tokens.push(token);
     }
     if tokens.is_empty() {
@@ -92,7 +104,17 @@ fn parse(bytes: &[u8], path: &Path) -> Result<Vec<Vec<u8>>> {
     Ok(tokens)
 }
 
-fn build(token_bytes: Vec<Vec<u8>>, pattern: &str, specials: &[(&str, u32)]) -> Result<Tokenizer> {
+/// How far above the ranks special-token ids may sit: published encodings leave small gaps (cl100k's last
+/// special is 100276 for 100256 ranks, o200k's 200018 for 199998), and the bound keeps a caller's id of, say,
+/// 2^31 from sizing an id table of 2^31 entries.
+const SPECIAL_ID_SPAN: u64 = 1 << 16;
+
+fn build(
+    token_bytes: Vec<Vec<u8>>,
+    pattern: &str,
+    specials: &[(&str, u32)],
+    path: &Path,
+) -> Result<Tokenizer> {
     let priority: Vec<u32> = (0..token_bytes.len() as u32).collect();
     let spec = ModelSpec {
         tokens: token_bytes
@@ -106,15 +128,18 @@ fn build(token_bytes: Vec<Vec<u8>>, pattern: &str, specials: &[(&str, u32)]) -> 
         fuse_unk: false,
         ignore_merges: true,
     };
-    let model = spec.build_from_splits(&priority);
-    let added: Vec<AddedToken> = specials
+    let limit = (token_bytes.len() as u64 + SPECIAL_ID_SPAN).min(u64::from(u32::MAX));
+    let raw = specials
         .iter()
-        .map(|&(content, id)| AddedToken {
+        .map(|&(content, id)| RawAdded {
+            source: format!("special token {content:?}"),
             content: content.to_owned(),
-            id,
+            id: u64::from(id),
             special: true,
         })
         .collect();
+    let added = check_added(raw, &spec.tokens, limit, SameText::Allow, path)?;
+    let model = spec.build_from_splits(&priority);
     let eos = specials.first().map(|s| s.1);
     Ok(Tokenizer::from_parts(Parts {
         model,
