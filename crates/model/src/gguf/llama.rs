@@ -196,6 +196,7 @@ impl<'a> GgufSource<'a> {
             })?;
         if info.shape() != tensor.shape {
             return Err(crate::ModelError::ShapeMismatch {
+                file: self.file.path().to_path_buf(),
                 name,
                 expected: tensor.shape.clone(),
                 found: info.shape(),
@@ -231,10 +232,7 @@ impl crate::weights::WeightSource for GgufSource<'_> {
             GgmlType::Q4_1 => QuantizedWeight::from_gguf_q4_1(bytes, shape),
             _ => return Ok(None),
         }
-        .map_err(|e| crate::ModelError::Quantization {
-            tensor: info.name.clone(),
-            message: e.to_string(),
-        })?;
+        .map_err(|e| self.blocks_error(info, e))?;
         let Some(heads) = permuted_heads else {
             return Ok(Some(weight));
         };
@@ -247,10 +245,23 @@ impl crate::weights::WeightSource for GgufSource<'_> {
             weight.mins().map(rows),
         )
         .map(Some)
-        .map_err(|e| crate::ModelError::Quantization {
-            tensor: info.name.clone(),
-            message: e.to_string(),
-        })
+        .map_err(|e| self.blocks_error(info, e))
+    }
+}
+
+impl GgufSource<'_> {
+    /// Quantized blocks of a tensor that do not make a weight: the file's error, so it names the file.
+    fn blocks_error(
+        &self,
+        info: &super::TensorInfo,
+        e: ember_optimization::QuantError,
+    ) -> crate::ModelError {
+        GgufError::Corrupt {
+            path: self.file.path().to_path_buf(),
+            what: format!("tensor `{}`", info.name),
+            reason: e.to_string(),
+        }
+        .into()
     }
 }
 

@@ -121,6 +121,13 @@ impl Checkpoint {
         self.index.contains_key(name)
     }
 
+    /// The file holding tensor `name` (the model directory when there is no such tensor), for error messages.
+    pub fn file_of(&self, name: &str) -> &Path {
+        self.index
+            .get(name)
+            .map_or(&self.dir, |&i| self.files[i].path.as_path())
+    }
+
     /// The shape of tensor `name`, if present.
     pub fn shape(&self, name: &str) -> Option<&[usize]> {
         let file = &self.files[*self.index.get(name)?];
