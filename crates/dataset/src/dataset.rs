@@ -55,8 +55,19 @@ impl TokenDataset {
                     header.fingerprint_digest
                 )));
             }
+            // Each count is bounded by its file's size, so the sum cannot overflow.
             starts.push(starts[starts.len() - 1] + header.tokens);
             shards.push(shard);
+        }
+        let total = starts[starts.len() - 1];
+        let declared = manifest.stats(split).tokens;
+        if total != declared {
+            return Err(DatasetError::Manifest {
+                path: dir.join(crate::manifest::MANIFEST_FILE),
+                message: format!(
+                    "split `{split}` declares {declared} tokens, but its shards hold {total}"
+                ),
+            });
         }
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -125,10 +136,24 @@ impl TokenDataset {
         let mut shard = self.starts.partition_point(|&s| s <= start) - 1;
         let mut pos = start;
         let mut filled = 0;
+        let vocab = self.manifest.tokenizer.vocab_size;
         while filled < out.len() {
             let local = pos - self.starts[shard];
             let take = ((self.starts[shard + 1] - pos) as usize).min(out.len() - filled);
-            self.shards[shard].copy_to(local, &mut out[filled..filled + take]);
+            let chunk = &mut out[filled..filled + take];
+            self.shards[shard].copy_to(local, chunk);
+            // An id past the vocabulary would index past the model's embedding table. Checking the ids as they
+            // are read costs one comparison each and keeps opening a corpus free of a full scan.
+            if let Some(at) = chunk.iter().position(|&id| id as usize >= vocab) {
+                return Err(DatasetError::ShardMismatch {
+                    path: self.shards[shard].path().to_path_buf(),
+                    message: format!(
+                        "token {} is id {}, outside the manifest's vocabulary of {vocab} ids",
+                        local + at as u64,
+                        chunk[at]
+                    ),
+                });
+            }
             filled += take;
             pos += take as u64;
             shard += 1;

@@ -141,7 +141,48 @@ impl Manifest {
                 ),
             });
         }
+        manifest
+            .check()
+            .map_err(|message| DatasetError::Manifest { path, message })?;
         Ok(manifest)
+    }
+
+    /// What a reader relies on beyond the JSON's types: shard files are distinct plain names in the corpus
+    /// directory (a repeated shard would be read twice, a path such as `../x` would leave the directory), and the
+    /// tokenizer's ids fit its vocabulary.
+    fn check(&self) -> std::result::Result<(), String> {
+        if self.tokenizer.vocab_size == 0 {
+            return Err("`tokenizer.vocab_size` is 0: expected at least 1".into());
+        }
+        if let Some(eos) = self
+            .tokenizer
+            .eos_id
+            .filter(|&id| id as usize >= self.tokenizer.vocab_size)
+        {
+            return Err(format!(
+                "`tokenizer.eos_id` {eos} is outside the vocabulary of {} ids",
+                self.tokenizer.vocab_size
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, shard) in self.shards.iter().enumerate() {
+            let mut components = Path::new(&shard.file).components();
+            let plain = matches!(components.next(), Some(std::path::Component::Normal(_)))
+                && components.next().is_none();
+            if !plain {
+                return Err(format!(
+                    "`shards[{i}].file` is {:?}: expected a file name in the corpus directory",
+                    shard.file
+                ));
+            }
+            if !seen.insert(shard.file.as_str()) {
+                return Err(format!(
+                    "`shards[{i}].file`: shard {:?} is listed twice",
+                    shard.file
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Writes `dir/manifest.json` atomically (temporary file, then rename), so a reader never sees half of it.

@@ -248,13 +248,15 @@ impl MappedShard {
         let header = ShardHeader::decode(path, &map)?;
         let payload = (map.len() - HEADER_BYTES) as u64;
         let width = header.dtype.bytes() as u64;
-        if payload != header.tokens * width {
+        // Checked: a count near 2^64 would wrap to a small byte count and pass for a short file.
+        let expected = header.tokens.checked_mul(width);
+        if expected != Some(payload) {
+            let bytes = expected.map_or_else(|| "more than 2^64".to_string(), |b| b.to_string());
             return Err(DatasetError::ShardMismatch {
                 path: path.to_path_buf(),
                 message: format!(
-                    "header declares {} tokens ({} bytes of ids) but the file holds {payload} bytes of ids",
-                    header.tokens,
-                    header.tokens * width
+                    "header declares {} tokens ({bytes} bytes of ids) but the file holds {payload} bytes of ids",
+                    header.tokens
                 ),
             });
         }

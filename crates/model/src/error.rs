@@ -54,8 +54,10 @@ pub enum ModelError {
         dir: PathBuf,
     },
     /// A tensor is present with the wrong shape.
-    #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    #[error("{}: tensor `{name}` has shape {found:?}, expected {expected:?}", file.display())]
     ShapeMismatch {
+        /// The file holding the tensor.
+        file: PathBuf,
         /// The checkpoint's name of the tensor.
         name: String,
         /// The shape the spec implies.

@@ -120,6 +120,7 @@ impl WeightSource for QuantizedSource {
             .ok_or_else(|| self.missing(tensor))?;
         if dense.shape != tensor.shape {
             return Err(ModelError::ShapeMismatch {
+                file: self.path.clone(),
                 name: tensor.name.clone(),
                 expected: tensor.shape.clone(),
                 found: dense.shape,
@@ -134,6 +135,7 @@ impl WeightSource for QuantizedSource {
         };
         if weight.shape().as_slice() != tensor.shape.as_slice() {
             return Err(ModelError::ShapeMismatch {
+                file: self.path.clone(),
                 name: tensor.name.clone(),
                 expected: tensor.shape.clone(),
                 found: weight.shape().to_vec(),

@@ -118,10 +118,12 @@ fn wrong_shape_names_tensor_expected_and_found() {
     let err = load_err(tmp.path());
     match &err {
         ModelError::ShapeMismatch {
+            file,
             name,
             expected,
             found,
         } => {
+            assert_eq!(file, &tmp.path().join("model.safetensors"));
             assert_eq!(name, "model.layers.0.mlp.up_proj.weight");
             assert_eq!(
                 (expected.as_slice(), found.as_slice()),

@@ -18,7 +18,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
 use crate::TrainError;
-use crate::params::{Gradients, PathStack, to_f32_vec};
+use crate::params::{Gradients, ParamInfo, PathStack, to_f32_vec};
 use crate::tensor_file::{self, Array};
 
 /// Which parameters receive weight decay.
@@ -224,26 +224,77 @@ impl<B: Backend> AdamW<B> {
             .ok_or_else(|| json_error("metadata has no `steps` entry".into()))?;
         let steps: BTreeMap<String, u64> =
             serde_json::from_str(steps).map_err(|e| json_error(e.to_string()))?;
+        let mismatch = |name: String, message: String| TrainError::Mismatch {
+            path: path.to_path_buf(),
+            name,
+            message,
+        };
         let mut state = BTreeMap::new();
         for (name, step) in steps {
+            // A saved step is at least 1 (the state exists after an update), and the bias corrections raise the
+            // betas to its power as an `i32`.
+            if step == 0 || step > i32::MAX as u64 {
+                return Err(mismatch(
+                    name,
+                    format!("step count {step} in `steps`: expected 1..={}", i32::MAX),
+                ));
+            }
             let mut take = |suffix: &str| {
                 let key = format!("{name}.{suffix}");
-                let array = arrays.remove(&key).ok_or_else(|| TrainError::Mismatch {
-                    path: path.to_path_buf(),
-                    name: key,
-                    message: "missing from the file".into(),
-                })?;
-                let numel = array.values.len();
-                Ok::<_, TrainError>(Tensor::<B, 1>::from_data(
-                    TensorData::new(array.values, [numel]),
-                    device,
-                ))
+                let array = arrays
+                    .remove(&key)
+                    .ok_or_else(|| mismatch(key.clone(), "missing from the file".into()))?;
+                Ok::<_, TrainError>((key, array.values))
             };
-            let m = take("exp_avg")?;
-            let v = take("exp_avg_sq")?;
+            let (m_key, m) = take("exp_avg")?;
+            let (v_key, v) = take("exp_avg_sq")?;
+            // The update adds both moments to the gradient element-wise: lengths that differ would panic there.
+            if m.len() != v.len() {
+                return Err(mismatch(
+                    v_key,
+                    format!("{} elements, but `{m_key}` has {}", v.len(), m.len()),
+                ));
+            }
+            let tensor = |values: Vec<f32>| {
+                let numel = values.len();
+                Tensor::<B, 1>::from_data(TensorData::new(values, [numel]), device)
+            };
+            let (m, v) = (tensor(m), tensor(v));
             state.insert(name, Moments { step, m, v });
         }
+        if let Some(extra) = arrays.into_keys().next() {
+            return Err(mismatch(
+                extra,
+                "not the state of any parameter listed in the `steps` metadata".into(),
+            ));
+        }
         self.state = state;
+        Ok(())
+    }
+
+    /// Checks that the state fits a model with parameters `params` ([`crate::parameters`]): every parameter with
+    /// state exists and has as many elements as its moments, so a resumed update cannot meet a mismatched shape.
+    /// `path` names the optimizer file the state came from.
+    pub fn check_fits(&self, params: &[ParamInfo], path: &Path) -> Result<(), TrainError> {
+        let sizes: HashMap<&str, usize> = params
+            .iter()
+            .map(|p| (p.name.as_str(), p.shape.iter().product()))
+            .collect();
+        for (name, moments) in &self.state {
+            let numel = moments.m.shape().num_elements();
+            let message = match sizes.get(name.as_str()) {
+                None => "the model has no such parameter".to_string(),
+                Some(&n) if n != numel => {
+                    format!("{numel} elements of state, the parameter has {n}")
+                }
+                Some(_) => continue,
+            };
+            return Err(TrainError::Mismatch {
+                path: path.to_path_buf(),
+                name: format!("{name}.exp_avg"),
+                message,
+            });
+        }
         Ok(())
     }
 }

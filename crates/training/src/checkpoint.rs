@@ -41,10 +41,50 @@ impl TrainerState {
     pub fn load(dir: &Path) -> Result<Self, TrainError> {
         let path = dir.join(TRAINER_STATE_FILE);
         let text = std::fs::read_to_string(&path).map_err(|e| TrainError::io(&path, e))?;
-        serde_json::from_str(&text).map_err(|e| TrainError::Json {
-            path,
+        let state: Self = serde_json::from_str(&text).map_err(|e| TrainError::Json {
+            path: path.clone(),
             message: e.to_string(),
-        })
+        })?;
+        state
+            .check()
+            .map_err(|message| TrainError::Json { path, message })?;
+        Ok(state)
+    }
+
+    /// Range checks of values a resumed run counts on from: far beyond any real run, and leaving room to keep
+    /// counting (a step count of `usize::MAX` would overflow at the next step, an elapsed time of 1e300 s would
+    /// not convert to a `Duration`).
+    fn check(&self) -> Result<(), String> {
+        const MAX_COUNT: u64 = u32::MAX as u64;
+        const MAX_TOKENS: u64 = 1 << 62;
+        const MAX_ELAPSED_S: f64 = 1e10;
+        let counts = [
+            ("step", self.step as u64),
+            ("evals_since_best", self.evals_since_best as u64),
+        ];
+        for (field, value) in counts {
+            if value > MAX_COUNT {
+                return Err(format!(
+                    "`{field}` is {value}: expected at most {MAX_COUNT}"
+                ));
+            }
+        }
+        if self.tokens_seen > MAX_TOKENS {
+            return Err(format!(
+                "`tokens_seen` is {}: expected at most {MAX_TOKENS}",
+                self.tokens_seen
+            ));
+        }
+        if !(0.0..=MAX_ELAPSED_S).contains(&self.elapsed_s) {
+            return Err(format!(
+                "`elapsed_s` is {}: expected seconds in 0..={MAX_ELAPSED_S}",
+                self.elapsed_s
+            ));
+        }
+        if let Some(loss) = self.best_val_loss.filter(|l| !l.is_finite()) {
+            return Err(format!("`best_val_loss` is {loss}: expected a finite loss"));
+        }
+        Ok(())
     }
 
     /// Writes `trainer_state.json` into `dir`.

@@ -71,6 +71,8 @@ pub(crate) fn read(path: &Path) -> Result<Contents, TrainError> {
         path: path.to_path_buf(),
         message,
     };
+    // The crate keeps one of two entries under one name; a checkpoint that names a parameter twice is refused.
+    ember_model::weights::check_safetensors_header(&buffer).map_err(invalid)?;
     let (_, header) = SafeTensors::read_metadata(&buffer).map_err(|e| invalid(e.to_string()))?;
     let metadata = header.metadata().clone().unwrap_or_default();
     let file = SafeTensors::deserialize(&buffer).map_err(|e| invalid(e.to_string()))?;

@@ -264,7 +264,9 @@ where
         .load(model, &dir)
         .map_err(|e| external(format!("loading the model from {}", dir.display()), e))?;
     let device = model.devices().into_iter().next().unwrap_or_default();
-    optimizer.load(&dir.join(OPTIMIZER_FILE), &device)?;
+    let optimizer_file = dir.join(OPTIMIZER_FILE);
+    optimizer.load(&optimizer_file, &device)?;
+    optimizer.check_fits(&crate::params::parameters(&model), &optimizer_file)?;
     data.restore(&state.data)
         .map_err(|e| external("restoring the data position".into(), e))?;
     observer.on_message(&format!(

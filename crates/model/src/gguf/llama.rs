@@ -49,6 +49,12 @@ pub fn hf_config(file: &GgufFile) -> Result<Value, GgufError> {
             what: format!("tensor `{TOKEN_EMBD}`"),
             reason: format!("expected 2 dimensions, found {:?}", embd.dims),
         })?;
+    check_against_tensors(
+        file,
+        hidden,
+        uint("block_count")?,
+        uint("feed_forward_length")?,
+    )?;
     let theta = match file.get(&key("rope.freq_base")) {
         Some(_) => file.require_f64(&key("rope.freq_base"))?,
         None => 10_000.0,
@@ -83,6 +89,60 @@ pub fn hf_config(file: &GgufFile) -> Result<Value, GgufError> {
         "rope_scaling": rope_scaling,
         "tie_word_embeddings": file.tensor_info(OUTPUT).is_err(),
     }))
+}
+
+/// Checks the sizes the metadata claims against the tensors the file holds, so that a lying header is an error
+/// naming the key before a spec (and the per-layer tables built from it) is sized by it: the embedding's width is
+/// the hidden size, the last block's tensors exist (a block count of 2^31 otherwise sized a 32 GiB table), and the
+/// first block's MLP has the claimed width.
+fn check_against_tensors(
+    file: &GgufFile,
+    hidden: u64,
+    blocks: u64,
+    ffn: u64,
+) -> Result<(), GgufError> {
+    let embd = file.tensor_info(TOKEN_EMBD)?;
+    if embd.dims.first() != Some(&hidden) {
+        return Err(file.metadata_error(
+            "llama.embedding_length",
+            &format!("the width of `{TOKEN_EMBD}` ({})", dim(embd.dims.first())),
+            hidden.to_string(),
+        ));
+    }
+    // Every block has its own tensors, so a count beyond the file's tensors cannot be true; checking the count
+    // first keeps the name below from being built for an absurd index.
+    let last = blocks
+        .checked_sub(1)
+        .filter(|&last| last < file.tensors().len() as u64)
+        .map(|last| format!("blk.{last}.attn_norm.weight"));
+    if last
+        .as_deref()
+        .is_none_or(|name| file.tensor_info(name).is_err())
+    {
+        return Err(file.metadata_error(
+            "llama.block_count",
+            "a count of the blocks whose tensors the file holds (from 1, `blk.0.*`, up to the file's tensor count)",
+            blocks.to_string(),
+        ));
+    }
+    if let Ok(up) = file.tensor_info("blk.0.ffn_up.weight")
+        && up.dims.get(1) != Some(&ffn)
+    {
+        return Err(file.metadata_error(
+            "llama.feed_forward_length",
+            &format!(
+                "the height of `blk.0.ffn_up.weight` ({})",
+                dim(up.dims.get(1))
+            ),
+            ffn.to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// A tensor dimension for a message: its value, or `none` when the tensor has fewer dimensions.
+fn dim(d: Option<&u64>) -> String {
+    d.map_or_else(|| "none".to_string(), u64::to_string)
 }
 
 /// The [`ModelSpec`] of a `llama` GGUF file, validated like any Hugging Face config.
@@ -196,6 +256,7 @@ impl<'a> GgufSource<'a> {
             })?;
         if info.shape() != tensor.shape {
             return Err(crate::ModelError::ShapeMismatch {
+                file: self.file.path().to_path_buf(),
                 name,
                 expected: tensor.shape.clone(),
                 found: info.shape(),
@@ -231,10 +292,7 @@ impl crate::weights::WeightSource for GgufSource<'_> {
             GgmlType::Q4_1 => QuantizedWeight::from_gguf_q4_1(bytes, shape),
             _ => return Ok(None),
         }
-        .map_err(|e| crate::ModelError::Quantization {
-            tensor: info.name.clone(),
-            message: e.to_string(),
-        })?;
+        .map_err(|e| self.blocks_error(info, e))?;
         let Some(heads) = permuted_heads else {
             return Ok(Some(weight));
         };
@@ -247,10 +305,23 @@ impl crate::weights::WeightSource for GgufSource<'_> {
             weight.mins().map(rows),
         )
         .map(Some)
-        .map_err(|e| crate::ModelError::Quantization {
-            tensor: info.name.clone(),
-            message: e.to_string(),
-        })
+        .map_err(|e| self.blocks_error(info, e))
+    }
+}
+
+impl GgufSource<'_> {
+    /// Quantized blocks of a tensor that do not make a weight: the file's error, so it names the file.
+    fn blocks_error(
+        &self,
+        info: &super::TensorInfo,
+        e: ember_optimization::QuantError,
+    ) -> crate::ModelError {
+        GgufError::Corrupt {
+            path: self.file.path().to_path_buf(),
+            what: format!("tensor `{}`", info.name),
+            reason: e.to_string(),
+        }
+        .into()
     }
 }
 

@@ -22,7 +22,7 @@ pub use dequant::dequantize;
 pub use error::GgufError;
 pub use ggml_type::GgmlType;
 pub use metadata::MetadataValue;
-pub use reader::{DEFAULT_ALIGNMENT, TensorInfo};
+pub use reader::{DEFAULT_ALIGNMENT, MAX_METADATA_ELEMENTS, TensorInfo};
 pub use vocab::{CHAT_TEMPLATE, chat_template, tokenizer_vocab};
 
 /// An open GGUF file: its parsed header over a read-only memory map of the whole file.

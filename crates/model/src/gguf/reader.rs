@@ -5,6 +5,7 @@
 //! first, `u32 ggml type`, `u64 offset` relative to the data section), padding to `general.alignment` (default
 //! 32), then the data section. Strings are a `u64` byte length followed by UTF-8 bytes.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use super::error::GgufError;
@@ -16,6 +17,21 @@ pub const DEFAULT_ALIGNMENT: u64 = 32;
 
 /// Arrays nested deeper than this are rejected, so a corrupt file cannot exhaust the stack.
 const MAX_ARRAY_DEPTH: usize = 8;
+
+/// The most metadata array elements a file may hold in total (16.7 million). Each element becomes a
+/// [`MetadataValue`] of 32 bytes however few bytes it takes in the file (a `u8` takes one), so without a cap a file
+/// of `n` bytes could make the reader allocate `32 n`. The largest real arrays are tokenizer vocabularies and
+/// merges (a few hundred thousand entries), far below this; at the cap the values take 512 MiB.
+pub const MAX_METADATA_ELEMENTS: u64 = 1 << 24;
+
+/// Entries reserved up front for the metadata and tensor lists, whatever count the header claims.
+const INITIAL_RESERVE: u64 = 1024;
+
+/// The fewest bytes one metadata key/value pair takes: a key length (`u64`), a type (`u32`), a one-byte value.
+const MIN_KV_BYTES: u64 = 8 + 4 + 1;
+/// The fewest bytes one tensor info takes: a name length (`u64`), `n_dims` (`u32`), a type (`u32`), an offset
+/// (`u64`).
+const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 4 + 8;
 
 /// Where one tensor lives in the file.
 #[derive(Clone, Debug, PartialEq)]
@@ -31,9 +47,12 @@ pub struct TensorInfo {
 }
 
 impl TensorInfo {
-    /// Number of elements.
+    /// Number of elements (`u64::MAX` if the product overflows, which [`GgufFile::open`](super::GgufFile::open) never lets through).
     pub fn n_elements(&self) -> u64 {
-        self.dims.iter().product()
+        self.dims
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .unwrap_or(u64::MAX)
     }
 
     /// The shape outermost first (`[rows, cols]` for a matrix), as burn and PyTorch order it.
@@ -41,10 +60,15 @@ impl TensorInfo {
         self.dims.iter().rev().map(|&d| d as usize).collect()
     }
 
-    /// Bytes of data, or `None` for a type whose layout is unknown.
+    /// Bytes of data, or `None` for a type whose layout is unknown or a size that does not fit a `u64` (which
+    /// [`GgufFile::open`](super::GgufFile::open) rejects).
     pub fn n_bytes(&self) -> Option<u64> {
         let (block_len, block_bytes) = self.ggml_type.block_geometry()?;
-        Some(self.n_elements() / block_len as u64 * block_bytes as u64)
+        let elements = self
+            .dims
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))?;
+        (elements / block_len as u64).checked_mul(block_bytes as u64)
     }
 }
 
@@ -66,9 +90,16 @@ struct Cursor<'a> {
     bytes: &'a [u8],
     pos: usize,
     path: &'a Path,
+    /// Metadata array elements still allowed ([`MAX_METADATA_ELEMENTS`] minus those read).
+    elements_left: u64,
 }
 
 impl<'a> Cursor<'a> {
+    /// Bytes after the cursor.
+    fn remaining(&self) -> u64 {
+        (self.bytes.len() - self.pos) as u64
+    }
+
     fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8], GgufError> {
         let end = usize::try_from(n)
             .ok()
@@ -116,6 +147,51 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// The `len` elements of an array of type `elem_ty`, checked before anything is allocated: the elements must
+    /// fit in the rest of the file at their smallest encoded size, and in what is left of the file's element
+    /// budget ([`MAX_METADATA_ELEMENTS`]).
+    fn array_items(
+        &mut self,
+        elem_ty: u32,
+        len: u64,
+        what: &str,
+        depth: usize,
+    ) -> Result<Vec<MetadataValue>, GgufError> {
+        let min_bytes = min_value_bytes(elem_ty)
+            .ok_or_else(|| self.corrupt(what, format!("unknown array element type {elem_ty}")))?;
+        let remaining = self.remaining();
+        if len.checked_mul(min_bytes).is_none_or(|n| n > remaining) {
+            return Err(self.corrupt(
+                what,
+                format!(
+                    "array of {len} elements of type {elem_ty} needs at least {min_bytes} bytes each, but only \
+                     {remaining} bytes are left in the file"
+                ),
+            ));
+        }
+        if len > self.elements_left {
+            return Err(self.corrupt(
+                what,
+                format!(
+                    "array of {len} elements exceeds the limit of {MAX_METADATA_ELEMENTS} metadata array \
+                     elements per file ({} left)",
+                    self.elements_left
+                ),
+            ));
+        }
+        self.elements_left -= len;
+        // `len` is bounded above, so this is at most 512 MiB; `try_reserve` turns a refused allocation (a small
+        // address-space limit) into an error instead of an abort.
+        let mut items = Vec::new();
+        items.try_reserve_exact(len as usize).map_err(|e| {
+            self.corrupt(what, format!("cannot allocate {len} array elements: {e}"))
+        })?;
+        for _ in 0..len {
+            items.push(self.value(elem_ty, what, depth + 1)?);
+        }
+        Ok(items)
+    }
+
     fn value(&mut self, ty: u32, what: &str, depth: usize) -> Result<MetadataValue, GgufError> {
         use MetadataValue as V;
         Ok(match ty {
@@ -140,18 +216,7 @@ impl<'a> Cursor<'a> {
                 }
                 let elem_ty = self.u32(what)?;
                 let len = self.u64(what)?;
-                // Every element takes at least one byte, so a count beyond the remaining bytes is corrupt; checking
-                // first keeps a bad count from reserving unbounded memory.
-                if len > (self.bytes.len() - self.pos) as u64 {
-                    return Err(
-                        self.corrupt(what, format!("array of {len} elements exceeds the file"))
-                    );
-                }
-                let mut items = Vec::with_capacity(len as usize);
-                for _ in 0..len {
-                    items.push(self.value(elem_ty, what, depth + 1)?);
-                }
-                V::Array(items)
+                V::Array(self.array_items(elem_ty, len, what, depth)?)
             }
             10 => V::U64(self.u64(what)?),
             11 => V::I64(i64::from_le_bytes(self.array(what)?)),
@@ -161,13 +226,29 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Parses everything before the data section of `bytes` (the whole file), checking that every tensor of a known
-/// type lies inside the file. `path` only names the file in errors.
+/// The fewest bytes a metadata value of type `ty` takes in the file, or `None` for an unknown type.
+fn min_value_bytes(ty: u32) -> Option<u64> {
+    Some(match ty {
+        0 | 1 | 7 => 1,
+        2 | 3 => 2,
+        4..=6 => 4,
+        // A string is at least its `u64` length; an array its `u32` element type and `u64` length.
+        8 => 8,
+        9 => 4 + 8,
+        10..=12 => 8,
+        _ => return None,
+    })
+}
+
+/// Parses everything before the data section of `bytes` (the whole file), checking that every count fits the file
+/// before anything is allocated for it, that keys and tensor names are unique, and that every tensor of a known
+/// type lies inside the file without overlapping another. `path` only names the file in errors.
 pub fn parse_header(bytes: &[u8], path: &Path) -> Result<Header, GgufError> {
     let mut c = Cursor {
         bytes,
         pos: 0,
         path,
+        elements_left: MAX_METADATA_ELEMENTS,
     };
     let magic: [u8; 4] = c.array("the magic number")?;
     if &magic != b"GGUF" {
@@ -185,10 +266,38 @@ pub fn parse_header(bytes: &[u8], path: &Path) -> Result<Header, GgufError> {
     }
     let n_tensors = c.u64("the tensor count")?;
     let n_kv = c.u64("the metadata count")?;
+    // Both lists must fit in the rest of the file at their smallest encoded size; checking this first bounds the
+    // reservations below by the file's size.
+    let needed = n_kv.checked_mul(MIN_KV_BYTES).and_then(|kv| {
+        n_tensors
+            .checked_mul(MIN_TENSOR_INFO_BYTES)?
+            .checked_add(kv)
+    });
+    if needed.is_none_or(|n| n > c.remaining()) {
+        return Err(GgufError::Truncated {
+            path: path.to_path_buf(),
+            what: format!(
+                "the tensor and metadata counts ({n_kv} metadata entries of at least {MIN_KV_BYTES} bytes and \
+                 {n_tensors} tensor infos of at least {MIN_TENSOR_INFO_BYTES} bytes)"
+            ),
+            offset: c.pos as u64,
+            len: bytes.len() as u64,
+        });
+    }
 
-    let mut metadata = Vec::new();
+    // Even a count that fits the file may be a lie (the rest of the file being tensor data), so reserve for a
+    // bounded number of entries and grow only as entries are actually read.
+    let mut metadata = Vec::with_capacity(n_kv.min(INITIAL_RESERVE) as usize);
+    let mut keys = HashSet::with_capacity(n_kv.min(INITIAL_RESERVE) as usize);
     for i in 0..n_kv {
         let key = c.string(&format!("metadata key #{i}"))?;
+        if !keys.insert(key.clone()) {
+            // A reader looking a key up would silently see only one of the values.
+            return Err(c.corrupt(
+                &format!("metadata key #{i}"),
+                format!("key `{key}` appears twice"),
+            ));
+        }
         let ty = c.u32(&format!("the type of metadata key `{key}`"))?;
         let value = c.value(ty, &format!("metadata key `{key}`"), 0)?;
         metadata.push((key, value));
@@ -206,51 +315,99 @@ pub fn parse_header(bytes: &[u8], path: &Path) -> Result<Header, GgufError> {
         },
     };
 
-    let mut tensors = Vec::new();
+    let mut tensors = Vec::with_capacity(n_tensors.min(INITIAL_RESERVE) as usize);
+    let mut names = HashSet::with_capacity(n_tensors.min(INITIAL_RESERVE) as usize);
     for i in 0..n_tensors {
-        let name = c.string(&format!("tensor info #{i}"))?;
-        let what = format!("tensor `{name}`");
-        let n_dims = c.u32(&what)?;
-        if n_dims > 8 {
-            return Err(c.corrupt(&what, format!("{n_dims} dimensions (at most 8 supported)")));
-        }
-        let dims = (0..n_dims)
-            .map(|_| c.u64(&what))
-            .collect::<Result<Vec<_>, _>>()?;
-        let ggml_type = GgmlType::from_id(c.u32(&what)?);
-        let offset = c.u64(&what)?;
-        if !offset.is_multiple_of(alignment) {
+        let tensor = tensor_info(&mut c, i, alignment)?;
+        if !names.insert(tensor.name.clone()) {
             return Err(c.corrupt(
-                &what,
-                format!("data offset {offset} is not a multiple of the alignment {alignment}"),
+                &format!("tensor info #{i}"),
+                format!("tensor name `{}` appears twice", tensor.name),
             ));
         }
-        if dims
-            .iter()
-            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-            .is_none()
-        {
-            return Err(c.corrupt(&what, format!("dimensions {dims:?} overflow")));
-        }
-        tensors.push(TensorInfo {
-            name,
-            dims,
-            ggml_type,
-            offset,
-        });
+        tensors.push(tensor);
     }
 
-    let data_start = (c.pos as u64).div_ceil(alignment) * alignment;
+    let file_len = bytes.len() as u64;
+    let data_start = (c.pos as u64)
+        .div_ceil(alignment)
+        .checked_mul(alignment)
+        .ok_or_else(|| {
+            c.corrupt(
+                "the data section",
+                format!("alignment {alignment} overflows"),
+            )
+        })?;
     for t in &mut tensors {
-        t.offset = t.offset.saturating_add(data_start);
-        check_extent(t, bytes.len() as u64, path)?;
+        t.offset = t
+            .offset
+            .checked_add(data_start)
+            .ok_or_else(|| c.corrupt(&format!("tensor `{}`", t.name), "offset overflows".into()))?;
+        check_extent(t, file_len, path)?;
     }
+    check_overlaps(&tensors, path)?;
     Ok(Header {
         version,
         metadata,
         tensors,
         alignment,
     })
+}
+
+/// Reads tensor info number `i`: name, dims, type and (relative, aligned) offset.
+fn tensor_info(c: &mut Cursor<'_>, i: u64, alignment: u64) -> Result<TensorInfo, GgufError> {
+    let name = c.string(&format!("tensor info #{i}"))?;
+    if name.is_empty() {
+        // No writer emits an empty name; a zeroed region read as a tensor info (a tensor count one too high, the
+        // infos then running into padding or data) does.
+        return Err(c.corrupt(
+            &format!("tensor info #{i}"),
+            "the tensor name is empty".into(),
+        ));
+    }
+    let what = format!("tensor `{name}`");
+    let n_dims = c.u32(&what)?;
+    if n_dims > 8 {
+        return Err(c.corrupt(&what, format!("{n_dims} dimensions (at most 8 supported)")));
+    }
+    let mut dims = Vec::with_capacity(n_dims as usize);
+    for _ in 0..n_dims {
+        dims.push(c.u64(&what)?);
+    }
+    let ggml_type = GgmlType::from_id(c.u32(&what)?);
+    let offset = c.u64(&what)?;
+    if !offset.is_multiple_of(alignment) {
+        return Err(c.corrupt(
+            &what,
+            format!("data offset {offset} is not a multiple of the alignment {alignment}"),
+        ));
+    }
+    if dims
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .is_none()
+    {
+        return Err(c.corrupt(
+            &what,
+            format!("dimensions {dims:?} overflow: their product does not fit in 64 bits"),
+        ));
+    }
+    let tensor = TensorInfo {
+        name,
+        dims,
+        ggml_type,
+        offset,
+    };
+    if ggml_type.block_geometry().is_some() && tensor.n_bytes().is_none() {
+        return Err(c.corrupt(
+            &what,
+            format!(
+                "{} {ggml_type} elements take more than 2^64 bytes",
+                tensor.n_elements()
+            ),
+        ));
+    }
+    Ok(tensor)
 }
 
 /// Checks that a tensor of known type is a whole number of blocks and ends inside the file.
@@ -270,7 +427,8 @@ fn check_extent(t: &TensorInfo, file_len: u64, path: &Path) -> Result<(), GgufEr
             t.ggml_type
         )));
     }
-    let n_bytes = t.n_bytes().unwrap_or(0);
+    // `tensor_info` rejected sizes that overflow.
+    let n_bytes = t.n_bytes().unwrap_or(u64::MAX);
     if t.offset
         .checked_add(n_bytes)
         .is_none_or(|end| end > file_len)
@@ -281,6 +439,35 @@ fn check_extent(t: &TensorInfo, file_len: u64, path: &Path) -> Result<(), GgufEr
             offset: t.offset,
             len: file_len,
         });
+    }
+    Ok(())
+}
+
+/// Checks that no two tensors share bytes: a tensor whose data runs into the next one's reads that tensor's
+/// values as its own. Empty tensors and tensors of unknown type (never read) take no bytes.
+fn check_overlaps(tensors: &[TensorInfo], path: &Path) -> Result<(), GgufError> {
+    let mut extents: Vec<(u64, u64, &str)> = tensors
+        .iter()
+        .filter_map(|t| {
+            let len = t.n_bytes().filter(|&n| n > 0)?;
+            // `check_extent` proved `offset + len` fits for known types.
+            Some((t.offset, t.offset.saturating_add(len), t.name.as_str()))
+        })
+        .collect();
+    extents.sort_unstable();
+    for pair in extents.windows(2) {
+        let [(start, end, name), (next_start, _, next)] = [pair[0], pair[1]];
+        // Sorted by start, non-empty extents are disjoint exactly when each ends before the next begins.
+        if next_start < end {
+            return Err(GgufError::Corrupt {
+                path: path.to_path_buf(),
+                what: format!("tensor `{name}`"),
+                reason: format!(
+                    "its data (bytes {start}..{end}) overlaps the data of tensor `{next}`, which starts at byte \
+                     {next_start}"
+                ),
+            });
+        }
     }
     Ok(())
 }

@@ -53,6 +53,9 @@ fn map_file(path: &Path) -> Result<MappedFile> {
     // SAFETY: the mapping is read-only and lives as long as the `Checkpoint`; like every mmap-based loader
     // (safetensors, llama.cpp) we assume the checkpoint is not truncated by another process while loaded.
     let mmap = unsafe { Mmap::map(&file) }.map_err(io_error(path))?;
+    // The crate keeps one of two entries under one name; ember refuses the file instead.
+    ember_optimization::quant::header::check_safetensors_header(&mmap)
+        .map_err(|message| corrupt(path, message))?;
     let (header_len, metadata) =
         SafeTensors::read_metadata(&mmap).map_err(|e| corrupt(path, format!("{e:?}")))?;
     let tensors = metadata
@@ -80,10 +83,30 @@ impl Checkpoint {
                 .get("weight_map")
                 .and_then(|m| m.as_object())
                 .ok_or_else(|| corrupt(&index_path, "missing key `weight_map`"))?;
-            let mut names: Vec<String> = map
-                .values()
-                .filter_map(|v| v.as_str().map(str::to_string))
-                .collect();
+            let mut names = Vec::new();
+            for (tensor, file) in map {
+                let file = file.as_str().ok_or_else(|| {
+                    corrupt(
+                        &index_path,
+                        format!("`weight_map.{tensor}`: expected a file name, found {file}"),
+                    )
+                })?;
+                // Shards live next to the index; a path elsewhere (`../x`, `/etc/x`) is not a checkpoint's.
+                let plain = Path::new(file).components().count() == 1
+                    && matches!(
+                        Path::new(file).components().next(),
+                        Some(std::path::Component::Normal(_))
+                    );
+                if !plain {
+                    return Err(corrupt(
+                        &index_path,
+                        format!(
+                            "`weight_map.{tensor}`: shard `{file}` is not a file name in the model directory"
+                        ),
+                    ));
+                }
+                names.push(file.to_string());
+            }
             names.sort();
             names.dedup();
             names
@@ -95,7 +118,17 @@ impl Checkpoint {
         for name in shard_names {
             let file = map_file(&dir.join(name))?;
             for tensor in file.tensors.keys() {
-                index.insert(tensor.clone(), files.len());
+                // Two shards holding one tensor would leave which one loads to the order of the files.
+                if let Some(previous) = index.insert(tensor.clone(), files.len()) {
+                    let previous: &MappedFile = &files[previous];
+                    return Err(corrupt(
+                        &file.path,
+                        format!(
+                            "tensor `{tensor}` is also in shard {}",
+                            previous.path.display()
+                        ),
+                    ));
+                }
             }
             files.push(file);
         }
@@ -119,6 +152,13 @@ impl Checkpoint {
     /// Whether the checkpoint has a tensor called `name`.
     pub fn contains(&self, name: &str) -> bool {
         self.index.contains_key(name)
+    }
+
+    /// The file holding tensor `name` (the model directory when there is no such tensor), for error messages.
+    pub fn file_of(&self, name: &str) -> &Path {
+        self.index
+            .get(name)
+            .map_or(&self.dir, |&i| self.files[i].path.as_path())
     }
 
     /// The shape of tensor `name`, if present.

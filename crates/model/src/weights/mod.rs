@@ -6,6 +6,9 @@ mod init;
 mod source;
 
 pub use checkpoint::{Checkpoint, INDEX_FILE, SINGLE_FILE};
+/// ember's checks of a safetensors header before the `safetensors` crate's (a tensor named twice), for every
+/// crate that reads safetensors files.
+pub use ember_optimization::quant::header::check_safetensors_header;
 pub use init::RandomInit;
 pub use source::CheckpointSource;
 pub(crate) use source::transpose;

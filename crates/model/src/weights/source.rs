@@ -83,6 +83,7 @@ impl WeightSource for CheckpointSource<'_> {
         let found = self.checkpoint.shape(&name).unwrap_or_default().to_vec();
         if found != source.stored_shape {
             return Err(ModelError::ShapeMismatch {
+                file: self.checkpoint.file_of(&name).to_path_buf(),
                 name,
                 expected: source.stored_shape,
                 found,
@@ -104,6 +105,7 @@ impl WeightSource for CheckpointSource<'_> {
         }
         if data.len() != tensor.numel() {
             return Err(ModelError::ShapeMismatch {
+                file: self.checkpoint.file_of(&name).to_path_buf(),
                 name: format!("{name} (as {})", tensor.name),
                 expected: tensor.shape.clone(),
                 found: vec![data.len()],

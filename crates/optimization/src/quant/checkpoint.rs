@@ -19,6 +19,7 @@ use safetensors::{SafeTensors, serialize_to_file};
 use serde::{Deserialize, Serialize};
 
 use crate::error::QuantError;
+use crate::quant::header::{UniqueKeyMap, check_safetensors_header};
 use crate::quant::scheme::QuantScheme;
 use crate::quant::weight::QuantizedWeight;
 
@@ -126,35 +127,51 @@ impl QuantizedCheckpoint {
             path: path.to_path_buf(),
             source,
         })?;
-        let file = SafeTensors::deserialize(&bytes).map_err(|source| QuantError::Safetensors {
-            path: path.to_path_buf(),
-            source,
-        })?;
         let fail = |reason: String| QuantError::Checkpoint {
             path: path.to_path_buf(),
             reason,
         };
+        check_safetensors_header(&bytes).map_err(fail)?;
+        let file = SafeTensors::deserialize(&bytes).map_err(|source| QuantError::Safetensors {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let (_, header) =
             SafeTensors::read_metadata(&bytes).map_err(|source| QuantError::Safetensors {
                 path: path.to_path_buf(),
                 source,
             })?;
-        let entries: BTreeMap<String, Entry> = match header
+        let entries: UniqueKeyMap<Entry> = match header
             .metadata()
             .as_ref()
             .and_then(|meta| meta.get(METADATA_KEY))
         {
             Some(json) => serde_json::from_str(json)
                 .map_err(|err| fail(format!("metadata `{METADATA_KEY}`: {err}")))?,
-            None => BTreeMap::new(),
+            None => UniqueKeyMap {
+                entries: Vec::new(),
+                duplicate: None,
+            },
         };
+        // A JSON object read into a map would silently keep one of two descriptions of a tensor.
+        if let Some(name) = entries.duplicate {
+            return Err(fail(format!(
+                "metadata `{METADATA_KEY}` describes quantized tensor `{name}` twice"
+            )));
+        }
         let mut checkpoint = Self::default();
         let mut consumed = Vec::new();
-        for (name, entry) in entries {
+        for (name, entry) in entries.entries {
             let scheme: QuantScheme = entry
                 .scheme
                 .parse()
                 .map_err(|err| fail(format!("metadata for `{name}`: {err}")))?;
+            let expected = Expected::of(scheme, entry.shape).ok_or_else(|| {
+                fail(format!(
+                    "metadata for `{name}`: shape {:?} with scheme {scheme} needs more bytes than fit in memory",
+                    entry.shape
+                ))
+            })?;
             let tensor = |suffix: &str, dtype: Dtype| {
                 let key = format!("{name}.{suffix}");
                 let view = file
@@ -164,6 +181,19 @@ impl QuantizedCheckpoint {
                     return Err(fail(format!(
                         "tensor `{key}`: expected dtype {dtype:?}, found {:?}",
                         view.dtype()
+                    )));
+                }
+                // The stored shape is checked too, not only the length: a writer never transposes these.
+                let [rows, cols] = entry.shape;
+                let want = match suffix {
+                    "qcodes" => [rows, expected.row_bytes],
+                    _ => [rows, expected.groups],
+                };
+                if view.shape() != want {
+                    return Err(fail(format!(
+                        "tensor `{key}`: the metadata's shape [{rows}, {cols}] with scheme {scheme} means shape \
+                         {want:?}, found {:?}",
+                        view.shape()
                     )));
                 }
                 Ok((key, view.data().to_vec()))
@@ -207,6 +237,34 @@ impl QuantizedCheckpoint {
         let quantized: usize = self.quantized.values().map(|w| w.storage_bytes()).sum();
         let dense: usize = self.dense.values().map(|t| 4 * t.values.len()).sum();
         quantized + dense
+    }
+}
+
+/// The per-row sizes a `[rows, cols]` weight of a scheme has, computed without overflow: the shape comes from
+/// the file, and [`QuantizedWeight::from_parts`] multiplies it out unchecked.
+struct Expected {
+    /// Bytes of packed codes per row.
+    row_bytes: usize,
+    /// Scales (and minimums) per row.
+    groups: usize,
+}
+
+impl Expected {
+    /// `None` when the codes, scales or minimums of the whole weight would not fit in `usize` bytes.
+    fn of(scheme: QuantScheme, [rows, cols]: [usize; 2]) -> Option<Self> {
+        let group = scheme.group_len(cols);
+        if group == 0 {
+            // `validate` (inside `from_parts`) reports the zero size by name.
+            return Some(Self {
+                row_bytes: 0,
+                groups: 0,
+            });
+        }
+        let groups = cols.div_ceil(group);
+        let row_bytes = groups.checked_mul(group)?.checked_mul(scheme.bits())? / 8;
+        rows.checked_mul(row_bytes)?;
+        rows.checked_mul(groups)?.checked_mul(4)?;
+        Some(Self { row_bytes, groups })
     }
 }
 

@@ -87,7 +87,15 @@ fn blocks<'a>(
             "columns must be a positive multiple of the block length {GGUF_BLOCK_LEN}"
         )));
     }
-    let expected = rows * cols / GGUF_BLOCK_LEN * block_bytes;
+    // The shape comes from a file: a product that overflows is as wrong as one that does not match.
+    let expected = rows
+        .checked_mul(cols / GGUF_BLOCK_LEN)
+        .and_then(|blocks| blocks.checked_mul(block_bytes));
+    let Some(expected) = expected else {
+        return Err(fail(format!(
+            "{rows} x {cols} elements in {block_bytes}-byte blocks of {GGUF_BLOCK_LEN} overflow the address space"
+        )));
+    };
     if bytes.len() != expected {
         return Err(fail(format!(
             "expected {expected} bytes ({block_bytes} per block of {GGUF_BLOCK_LEN}), got {}",

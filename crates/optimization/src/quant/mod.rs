@@ -3,6 +3,7 @@
 
 pub mod checkpoint;
 pub mod gguf;
+pub mod header;
 pub mod linear;
 pub mod scheme;
 pub mod weight;
