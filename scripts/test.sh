@@ -2,9 +2,13 @@
 # The test command of the README: installs what the tests need, fetches the assets the oracle tests compare
 # against (GPT-2 tiktoken ranks, SmolLM2-135M GGUF), then runs every test of the workspace.
 #
-# The wgpu backend is compiled in, so tests/wgpu_backend.rs runs the GPU code path (attention kernels, a model
-# forward, a training step) on Mesa's software Vulkan and compares it with cpu on every run; every other test
-# runs on cpu (flex), which `--backend auto` picks because it skips software-emulated GPUs.
+# The wgpu backend is compiled into the libraries' GPU tests (`ember-bench/wgpu`, which enables the model's and
+# attention crate's), so crates/model/tests/wgpu_backend.rs, crates/attention/tests/cube_kernel.rs and
+# crates/bench/tests/wgpu_bench.rs run the GPU code path (attention kernels forward and backward, a model forward
+# in f32 and int4, the bench's device memory) on Mesa's software Vulkan and compare it with cpu on every run. The
+# `ember` binary is built without wgpu: every subcommand monomorphised for a second backend cost ~8 CPU-minutes of
+# every build and proved nothing the library tests do not (clippy --all-features still checks that code).
+# Every other test runs on cpu (flex).
 #
 # Usage: bash scripts/test.sh [extra cargo test args], e.g. `bash scripts/test.sh --test wgpu_backend`
 set -euo pipefail
@@ -19,4 +23,4 @@ mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
 bash scripts/install_deps.sh
 bash scripts/fetch_assets.sh
 
-cargo test --workspace --features ember/wgpu "$@"
+cargo test --workspace --features ember-bench/wgpu "$@"

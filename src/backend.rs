@@ -329,7 +329,7 @@ pub fn dispatch<J: BackendJob>(
 ) -> Result<J::Output, BackendError> {
     let selection = select(request, &SystemProbe)?;
     if !quiet {
-        eprintln!("{}", selection.describe());
+        stderr!("{}", selection.describe());
     }
     Ok(run_on(selection.kind, job))
 }

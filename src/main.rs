@@ -4,6 +4,15 @@
 // required]` and `<name>` are what `--help` prints, not rustdoc links or HTML.
 #![allow(rustdoc::broken_intra_doc_links, rustdoc::invalid_html_tags)]
 
+/// `eprintln!` that ignores a failed write: a closed or broken stderr (`ember ... 2>&-`) must not turn a status
+/// line or an error message into a panic, and there is nowhere left to report that the report failed.
+macro_rules! stderr {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod allocator;
 mod backend;
 mod cli;
@@ -30,7 +39,7 @@ fn main() -> ExitCode {
             .num_threads(threads)
             .build_global()
     {
-        eprintln!("error: --threads {threads}: {e}");
+        stderr!("error: --threads {threads}: {e}");
         return ExitCode::from(2);
     }
     match commands::run(cli.command, &ctx) {
@@ -38,7 +47,7 @@ fn main() -> ExitCode {
         // The reader of stdout went away (`ember info --json | head`): what it read is what it wanted.
         Err(err) if closed_stdout(&err) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {}", error_message(&err));
+            stderr!("error: {}", error_message(&err));
             ExitCode::FAILURE
         }
     }

@@ -156,32 +156,6 @@ fn paged_kv_cache_model_bench_reports_the_pool() {
     );
 }
 
-/// On wgpu the report carries the device allocator's memory, which holds at least the weights. Runs on
-/// whatever adapter wgpu finds (Mesa's software Vulkan on CPU-only machines, installed by scripts/test.sh).
-#[cfg(feature = "wgpu")]
-#[test]
-fn wgpu_model_bench_reports_device_memory() {
-    let dir = temp_dir("wgpu");
-    let model = tiny_model_dir(dir.path());
-    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(["--backend", "wgpu", "--quiet", "bench", "--model"])
-        .arg(&model)
-        .args(["--prompt-len", "8", "--gen-len", "3", "--runs", "1"])
-        .args(["--format", "json"])
-        .output()
-        .unwrap();
-    let report = Report::from_json(&stdout(&out)).unwrap();
-    let ReportBody::Model(m) = &report.body else {
-        panic!("not a model report")
-    };
-    let device = m.device_memory.expect("wgpu reports device memory");
-    assert!(
-        device.reserved_bytes >= device.in_use_bytes && device.in_use_bytes >= m.model.weight_bytes,
-        "{device:?} against {} weight bytes",
-        m.model.weight_bytes
-    );
-}
-
 /// `--quantize` runs the same workload on quantized weights and says so: the model's dtype is the scheme and its
 /// weight bytes shrink (int8: 1 byte per matrix element plus a scale per row, against 4 bytes in f32).
 #[test]

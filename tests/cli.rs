@@ -264,6 +264,34 @@ fn a_closed_stdout_ends_quietly() {
     }
 }
 
+/// A closed stderr (`ember ... 2>&-`, or a log reader that went away) used to turn the first status line or the
+/// error message into a panic (`failed printing to stderr`, exit 101). The exit status must still say what
+/// happened: 0 for a run that worked, 1 for one that failed.
+#[test]
+fn a_closed_stderr_does_not_turn_a_message_into_a_panic() {
+    let model = fixture("crates/model/tests/fixtures/llama3");
+    let runs: [(&[&str], i32); 2] = [
+        (&["info", "--model", model.to_str().unwrap()], 0),
+        (&["info", "--model", "/nonexistent/model"], 1),
+    ];
+    for (args, expected) in runs {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+            .args(args)
+            .env_remove("EMBER_BACKEND")
+            .stderr(writer)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(expected),
+            "ember {args:?}: {:?}",
+            out.status
+        );
+    }
+}
+
 #[test]
 fn a_config_value_out_of_range_names_the_file_the_key_and_the_range() {
     let dir = tempfile::tempdir().unwrap();

@@ -117,7 +117,7 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
     let request = ctx.backend_or(None);
     let selection = select(request, &SystemProbe)?;
     if !ctx.quiet {
-        eprintln!("{}", selection.describe());
+        stderr!("{}", selection.describe());
     }
     let (format, output) = (args.format, args.output.clone());
     let job = BenchJob {
@@ -200,22 +200,15 @@ struct BenchJob {
 fn device_memory(kind: BackendKind) -> Option<DeviceMemory> {
     match kind {
         #[cfg(feature = "wgpu")]
-        BackendKind::Wgpu => cube_memory::<burn::cubecl::wgpu::WgpuRuntime>(&Default::default()),
+        BackendKind::Wgpu => {
+            ember_bench::cube_memory::<burn::cubecl::wgpu::WgpuRuntime>(&Default::default())
+        }
         #[cfg(feature = "cuda")]
-        BackendKind::Cuda => cube_memory::<burn::cubecl::cuda::CudaRuntime>(&Default::default()),
+        BackendKind::Cuda => {
+            ember_bench::cube_memory::<burn::cubecl::cuda::CudaRuntime>(&Default::default())
+        }
         _ => None,
     }
-}
-
-/// The memory usage CubeCL's client reports for `device`: the same client (keyed by device) burn's backend
-/// allocates through.
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-fn cube_memory<R: burn::cubecl::Runtime>(device: &R::Device) -> Option<DeviceMemory> {
-    let usage = R::client(device).memory_usage().ok()?;
-    Some(DeviceMemory {
-        in_use_bytes: usage.bytes_in_use,
-        reserved_bytes: usage.bytes_reserved,
-    })
 }
 
 impl BackendJob for BenchJob {
@@ -306,7 +299,7 @@ impl BenchJob {
             &MonotonicClock::new(),
             |r| {
                 if !quiet {
-                    eprintln!(
+                    stderr!(
                         "  {:>6} {:<16} seq {:>5}: {:9.3} ms",
                         r.kernel,
                         r.pass.name(),

@@ -117,7 +117,7 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
     let logits = ctx.dispatch(None, job)??;
     write_output(&args.output, &ids, &logits, vocab)?;
     if !ctx.quiet {
-        eprintln!(
+        stderr!(
             "wrote logits [{}, {vocab}] to {}",
             ids.len(),
             args.output.display()

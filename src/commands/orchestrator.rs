@@ -21,9 +21,10 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
         .build()
         .context("starting the orchestrator's async runtime")?;
     if !ctx.quiet {
-        eprintln!(
+        stderr!(
             "orchestrator listening on port {} (nodes set training.nodes.orchestrator: \"ws://<this host>:{}\")",
-            args.port, args.port
+            args.port,
+            args.port
         );
     }
     runtime.block_on(burn_collective::start_global_orchestrator(args.port));

@@ -16,7 +16,7 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
     let path = ember_training::plot_run(&args.run_dir)
         .with_context(|| format!("plotting the run in {}", args.run_dir.display()))?;
     if !ctx.quiet {
-        eprintln!("wrote {}", path.display());
+        stderr!("wrote {}", path.display());
     }
     Ok(())
 }

@@ -63,13 +63,13 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
     let seconds = started.elapsed().as_secs_f64();
     bar.finish_and_clear();
     for warning in &report.warnings {
-        eprintln!("warning: {warning}");
+        stderr!("warning: {warning}");
     }
     if !ctx.quiet {
         let m = &report.manifest;
         let bytes: u64 = m.inputs.iter().map(|i| i.bytes).sum();
         let tokens = m.train.tokens + m.val.tokens;
-        eprintln!(
+        stderr!(
             "prepared {} documents ({} MB) into {} shards in {}: train {} tokens, val {} tokens ({:?}, {:?})",
             m.inputs.iter().map(|i| i.documents).sum::<u64>() - m.skipped_empty_documents,
             bytes as f64 / 1e6,
@@ -80,7 +80,7 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
             m.dtype,
             m.split_method,
         );
-        eprintln!(
+        stderr!(
             "{seconds:.2} s: {:.2} MB/s, {:.0} tokens/s",
             bytes as f64 / 1e6 / seconds.max(1e-9),
             tokens as f64 / seconds.max(1e-9)

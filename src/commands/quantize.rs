@@ -88,7 +88,7 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
     let (bytes, dense) = ctx.dispatch(None, job)??;
     copy_side_files(&source, &args.out)?;
     if !ctx.quiet {
-        eprintln!(
+        stderr!(
             "wrote {} ({scheme}): weights {:.1} MiB, {:.2}x of f32",
             args.out.display(),
             bytes as f64 / (1u64 << 20) as f64,

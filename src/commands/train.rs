@@ -82,7 +82,7 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
             (Some(loss), Some(bpb)) => format!("best val loss {loss:.4} ({bpb:.4} bits/byte)"),
             _ => "no validation pass".into(),
         };
-        eprintln!(
+        stderr!(
             "{:?} after {} steps; {best}; {:.0} tokens/s; model in {}",
             summary.stop_reason,
             summary.steps,
@@ -188,12 +188,12 @@ fn ensure_tokenizer(config: &RunConfig, ctx: &Context) -> anyhow::Result<PathBuf
     let path = dir.join("tokenizer.json");
     if path.is_file() {
         if !ctx.quiet {
-            eprintln!("reusing tokenizer {}", path.display());
+            stderr!("reusing tokenizer {}", path.display());
         }
         return Ok(path);
     }
     if !ctx.quiet {
-        eprintln!(
+        stderr!(
             "training a {}-token BPE tokenizer on {} file(s)",
             config.tokenizer.vocab_size,
             files.len()
@@ -274,12 +274,12 @@ fn ensure_dataset(
     let dir = config.data.cache_dir.join(format!("data-{fingerprint}"));
     if TokenDataset::open_for_tokenizer(&dir, Split::Train, &fingerprint).is_ok() {
         if !ctx.quiet {
-            eprintln!("reusing prepared data {}", dir.display());
+            stderr!("reusing prepared data {}", dir.display());
         }
         return Ok(dir);
     }
     if !ctx.quiet {
-        eprintln!("tokenizing the corpus into {}", dir.display());
+        stderr!("tokenizing the corpus into {}", dir.display());
     }
     let encoder = Encoder {
         tokenizer,
@@ -292,7 +292,7 @@ fn ensure_dataset(
         .with_context(|| format!("preparing the corpus into {}", dir.display()))?;
     if !ctx.quiet {
         for warning in report.warnings {
-            eprintln!("warning: {warning}");
+            stderr!("warning: {warning}");
         }
     }
     Ok(dir)
@@ -326,7 +326,7 @@ pub(crate) fn replica_devices<B: EmberBackend>(
 pub(crate) fn training_precision<B: EmberBackend>(configured: Precision, quiet: bool) -> Precision {
     if configured == Precision::Bf16 && !computes_bf16::<B>() {
         if !quiet {
-            eprintln!(
+            stderr!(
                 "note: training.precision is bf16, which only the cuda backend computes natively; training in f32"
             );
         }
@@ -410,7 +410,7 @@ impl BackendJob for TrainJob {
         .map_err(|e| anyhow::anyhow!("{}: {e}", self.data_dir.display()))?
         .bytes_per_token_of(|ids| tokenizer.decode_bytes(ids).map_or(0, |b| b.len()));
         if !self.quiet {
-            eprintln!(
+            stderr!(
                 "model: {:.2}M parameters ({} layers, hidden {}), {} tokens per step, {:.2} bytes per token",
                 spec.parameter_count() as f64 / 1e6,
                 spec.num_layers,

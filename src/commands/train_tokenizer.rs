@@ -77,7 +77,7 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
         .save(&args.output)
         .with_context(|| format!("writing into {}", args.output.display()))?;
     if !ctx.quiet {
-        eprintln!(
+        stderr!(
             "wrote {} ({} merges, {:.1}s)",
             path.display(),
             trained.num_merges(),

@@ -1,8 +1,8 @@
 //! Memory held by a device's allocator (the GPU backends' memory pools).
 //!
-//! The bench crate is generic over backends and cannot ask a CubeCL runtime itself, so the caller passes a
-//! [`DeviceMemoryProbe`] that can (the `ember` binary reads `ComputeClient::memory_usage` for wgpu and CUDA).
-//! Backends that share the host's memory (cpu) have no probe: their memory is the resident set size.
+//! The bench is generic over backends, so the caller passes a [`DeviceMemoryProbe`] for the backend it chose: for
+//! wgpu and CUDA a closure over `cube_memory` (feature `cube`), which reads CubeCL's allocator. Backends that share
+//! the host's memory (cpu) have no probe: their memory is the resident set size.
 
 use serde::{Deserialize, Serialize};
 
@@ -54,6 +54,17 @@ impl<F: Fn() -> Option<DeviceMemory>> DeviceMemoryProbe for F {
     fn read(&self) -> Option<DeviceMemory> {
         self()
     }
+}
+
+/// The memory usage CubeCL's client reports for `device`: the same client (keyed by device) burn's backend
+/// allocates through. `None` when the runtime does not report it.
+#[cfg(feature = "cube")]
+pub fn cube_memory<R: burn::cubecl::Runtime>(device: &R::Device) -> Option<DeviceMemory> {
+    let usage = R::client(device).memory_usage().ok()?;
+    Some(DeviceMemory {
+        in_use_bytes: usage.bytes_in_use,
+        reserved_bytes: usage.bytes_reserved,
+    })
 }
 
 #[cfg(test)]

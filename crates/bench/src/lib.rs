@@ -27,6 +27,8 @@ mod timestamp;
 mod timing;
 
 pub use compare::{ComparedFigure, Comparison, Verdict, compare, judge};
+#[cfg(feature = "cube")]
+pub use device_memory::cube_memory;
 pub use device_memory::{DeviceMemory, DeviceMemoryProbe, NoDeviceMemory};
 /// The compute precision a training report records (ember-training's).
 pub use ember_training::Precision;

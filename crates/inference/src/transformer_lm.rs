@@ -147,7 +147,12 @@ impl<B: EmberBackend> TransformerLm<B> {
             .with_block_size(block_size)
             .with_initial_blocks(1);
         let elem_bytes = PagedKvPool::<B>::elem_bytes(&self.device);
-        let contiguous_worst = batch.max(1) * spec.context_length * config.token_bytes(elem_bytes);
+        // Without a budget the pool may grow to what a contiguous cache would hold. It grows block by block, so
+        // this is a cap, not an allocation: saturating keeps a huge batch times context a cap of "no limit".
+        let contiguous_worst = batch
+            .max(1)
+            .saturating_mul(spec.context_length)
+            .saturating_mul(config.token_bytes(elem_bytes));
         let config = config.with_budget_bytes(budget_bytes.unwrap_or(contiguous_worst));
         PagedKvPool::new(config, &self.device).map_err(kv_cache_error)
     }
