@@ -20,7 +20,11 @@ fn ember(args: &[&str], stdin: &[u8]) -> std::process::Output {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    // ember may exit before reading stdin (a tokenizer it refuses): the pipe is then closed, which is no failure
+    // of the test; the exit status and stderr say what happened.
+    if let Err(e) = child.stdin.take().unwrap().write_all(stdin) {
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
+    }
     child.wait_with_output().unwrap()
 }
 
@@ -119,4 +123,45 @@ fn train_tokenizer_writes_a_tokenizer_that_tokenize_loads() {
     // "to be" is frequent enough to be merged into few tokens; the special token is id 0.
     assert_eq!(ids.last(), Some(&0));
     assert!(ids.len() <= 3, "{ids:?}");
+}
+
+/// `--tokenizer` takes a GGUF file: the ids of llama.cpp's own test case (which its converter took from the HF
+/// tokenizer), and with `--add-special` the BOS the file declares (`tokenizer.ggml.add_bos_token`) in front.
+#[test]
+fn tokenize_reads_a_gguf_vocabulary_and_adds_its_bos_on_request() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".cache/assets/llama-vocab");
+    let gguf = dir.join("ggml-vocab-llama-spm.gguf");
+    if !gguf.is_file() {
+        eprintln!(
+            "skipping: {} is absent; run scripts/fetch_llama_vocabs.sh (scripts/test.sh does)",
+            gguf.display()
+        );
+        return;
+    }
+    let inp = std::fs::read_to_string(dir.join("ggml-vocab-llama-spm.gguf.inp")).unwrap();
+    let out = std::fs::read_to_string(dir.join("ggml-vocab-llama-spm.gguf.out")).unwrap();
+    let index = inp
+        .split("\n__ggml_vocab_test__\n")
+        .position(|t| t == " Hello world")
+        .expect("llama.cpp's cases include \" Hello world\"");
+    let expected = out.lines().nth(index).unwrap().trim().to_string();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "tokenize",
+            "--format",
+            "ids",
+            "--tokenizer",
+            gguf.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let out = ember(&args, b" Hello world");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    assert_eq!(run(&[]), expected);
+    assert_eq!(run(&["--add-special"]), format!("1 {expected}"));
 }

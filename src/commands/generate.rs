@@ -266,7 +266,7 @@ fn prompt_ids(
     texts
         .iter()
         .map(|text| {
-            let text = if args.chat {
+            if args.chat {
                 let template = template.context("--chat: the model has no chat template")?;
                 let mut messages: Vec<Message> = args
                     .system
@@ -274,11 +274,13 @@ fn prompt_ids(
                     .map(|s| Message::new("system", s))
                     .collect();
                 messages.push(Message::new("user", text));
-                template.render(&messages, true)?
+                // Templates write the BOS themselves (`{{ bos_token }}`), as HF's `apply_chat_template` expects.
+                Ok(tokenizer.encode(&template.render(&messages, true)?)?)
             } else {
-                text.clone()
-            };
-            Ok(tokenizer.encode(&text)?)
+                // A plain prompt starts as the tokenizer declares (a GGUF file's `add_bos_token`), as HF's
+                // `tokenizer(prompt)` and llama.cpp's prompt tokenization do.
+                Ok(tokenizer.encode_with_special(text)?)
+            }
         })
         .collect()
 }

@@ -19,7 +19,8 @@ pub enum Format {
 /// Flags of `ember tokenize`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// tokenizer.json, tiktoken ranks file, or model directory (tokenizer.json or vocab.json + merges.txt).
+    /// tokenizer.json, tiktoken ranks file, GGUF file (its `tokenizer.ggml.*` vocabulary), or model directory
+    /// (tokenizer.json or vocab.json + merges.txt).
     #[arg(long)]
     pub tokenizer: std::path::PathBuf,
     /// Output format of the ids [default: json].
@@ -32,11 +33,16 @@ pub struct Args {
     /// Treat special tokens written in the input (e.g. `<|endoftext|>`) as plain text [default: off].
     #[arg(long)]
     pub no_special: bool,
+    /// Add the BOS / EOS tokens the tokenizer declares around the ids (a GGUF file's
+    /// `tokenizer.ggml.add_bos_token` / `add_eos_token`) [default: off, so ids equal HF
+    /// `encode(text, add_special_tokens=False)`].
+    #[arg(long)]
+    pub add_special: bool,
 }
 
 /// Runs `ember tokenize`.
 pub fn run(args: Args, _ctx: &Context) -> anyhow::Result<()> {
-    let tokenizer = Tokenizer::from_path(&args.tokenizer)
+    let tokenizer = open_tokenizer(&args.tokenizer)
         .with_context(|| format!("loading tokenizer {}", args.tokenizer.display()))?;
     let mut input = Vec::new();
     std::io::stdin()
@@ -54,6 +60,11 @@ pub fn run(args: Args, _ctx: &Context) -> anyhow::Result<()> {
         } else {
             tokenizer.encode(text)?
         };
+        let ids = if args.add_special {
+            tokenizer.with_special(ids)
+        } else {
+            ids
+        };
         let line = match args.format {
             Format::Json => serde_json::to_string(&ids)?,
             Format::Ids => ids.iter().map(u32::to_string).collect::<Vec<_>>().join(" "),
@@ -62,6 +73,15 @@ pub fn run(args: Args, _ctx: &Context) -> anyhow::Result<()> {
     }
     stdout.flush().map_err(super::StdoutError)?;
     Ok(())
+}
+
+/// The tokenizer at `path`: a GGUF file (recognised by its magic number, so any file name works) or whatever
+/// [`Tokenizer::from_path`] reads.
+pub fn open_tokenizer(path: &std::path::Path) -> anyhow::Result<Tokenizer> {
+    if path.is_file() && ember_model::gguf::llama::is_gguf(path) {
+        return Ok(ember_model::gguf::load_tokenizer(path)?);
+    }
+    Ok(Tokenizer::from_path(path)?)
 }
 
 /// Ids from a JSON array or whitespace-separated integers.

@@ -201,19 +201,27 @@ impl RunConfig {
                 ),
             ));
         }
+        // Below 1 the inverse frequencies theta^(-2i/d) grow with i, and a tiny base overflows them to infinity
+        // (the fuzzer found 4.6e-102); every published base is far above 1 (10^4 to 10^6).
         c.float(
             "model.rope_theta",
             m.rope_theta,
-            "a finite number > 0",
-            m.rope_theta.is_finite() && m.rope_theta > 0.0,
+            "a finite number >= 1",
+            m.rope_theta.is_finite() && m.rope_theta >= 1.0,
         )?;
         // 0, negative, NaN or infinite epsilons make RMSNorm's output NaN (or divide by zero on a zero row).
+        // The model computes in f32: an epsilon that rounds to 0 there (the fuzzer found 1e-300) is 0.
         c.float(
             "model.norm_eps",
             m.norm_eps,
-            "a number in (0, 1)",
-            m.norm_eps > 0.0 && m.norm_eps < 1.0,
-        )
+            "a number in (0, 1) that f32 can hold (>= 1.5e-45)",
+            (m.norm_eps as f32) > 0.0 && m.norm_eps < 1.0,
+        )?;
+        // The spec's own checks, as a backstop: a shape the model would refuse is refused here, where the error
+        // can name the file, whatever rule the checks above do not repeat.
+        m.spec(self.tokenizer.vocab_size.max(1))
+            .validate()
+            .map_err(|e| c.invalid("model", e.to_string()))
     }
 
     fn validate_training(&self, c: &Check) -> Result<(), ConfigError> {

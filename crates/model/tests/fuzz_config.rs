@@ -24,7 +24,7 @@ use std::sync::OnceLock;
 use common::{B, FIXTURES, fixture};
 use ember_model::spec::MAX_MODEL_BYTES;
 use ember_model::{Transformer, arch};
-use mutate::{apply_sparing, cases, mutations};
+use mutate::{apply_sparing, mutations};
 use proptest::prelude::*;
 use serde_json::Value;
 
@@ -55,7 +55,7 @@ fn configs() -> &'static [(PathBuf, Value)] {
 const RUN_BYTES: u128 = 8 << 20;
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(cases(1000)))]
+    #![proptest_config(mutate::config(1000))]
 
     #[test]
     fn mutated_configs_parse_to_a_valid_spec_or_name_the_file(

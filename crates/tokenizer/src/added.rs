@@ -45,8 +45,10 @@ impl AddedVocab {
         }
     }
 
-    /// Splits `text` into text pieces and added tokens.
-    pub fn split(&self, text: &str, out: &mut Vec<Segment>) {
+    /// Splits `text` into text pieces and added tokens; special tokens only when `special` is set (ordinary
+    /// added words are always matched, as Hugging Face's `split_special_tokens` and llama.cpp's
+    /// `parse_special = false` do).
+    pub fn split(&self, text: &str, special: bool, out: &mut Vec<Segment>) {
         let bytes = text.as_bytes();
         let mut last = 0;
         let mut i = 0;
@@ -55,6 +57,7 @@ impl AddedVocab {
                 let found = self.by_first_byte[usize::from(bytes[i])]
                     .iter()
                     .map(|&k| &self.tokens[k])
+                    .filter(|t| special || !t.special)
                     .find(|t| bytes[i..].starts_with(t.content.as_bytes()));
                 match found {
                     Some(t) => {

@@ -30,6 +30,9 @@ pub(crate) struct Parts {
     pub strip_leading_space: bool,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
+    /// Whether [`Tokenizer::encode_with_special`] starts a sequence with BOS / ends it with EOS.
+    pub add_bos: bool,
+    pub add_eos: bool,
 }
 
 /// A loaded tokenizer. Cheap to share between threads (`&Tokenizer` is `Sync`); see [`Tokenizer::from_path`].
@@ -44,6 +47,8 @@ pub struct Tokenizer {
     strip_leading_space: bool,
     bos: Option<u32>,
     eos: Option<u32>,
+    add_bos: bool,
+    add_eos: bool,
 }
 
 impl Tokenizer {
@@ -77,6 +82,8 @@ impl Tokenizer {
             strip_leading_space: parts.strip_leading_space,
             bos: parts.bos,
             eos: parts.eos,
+            add_bos: parts.add_bos && parts.bos.is_some(),
+            add_eos: parts.add_eos && parts.eos.is_some(),
         }
     }
 
@@ -85,8 +92,9 @@ impl Tokenizer {
         self.encode_impl(text, true)
     }
 
-    /// Encodes `text` treating every added and special token as plain text, so untrusted input cannot inject
-    /// control tokens.
+    /// Encodes `text` treating special tokens written in it as plain text, so untrusted input cannot inject
+    /// control tokens. Ordinary added words (a vocabulary's whitespace runs, user-defined tokens) are still
+    /// matched: they are part of the vocabulary's ordinary tokenization.
     pub fn encode_ordinary(&self, text: &str) -> Result<Vec<u32>> {
         self.encode_impl(text, false)
     }
@@ -100,11 +108,7 @@ impl Tokenizer {
     fn encode_impl(&self, text: &str, allow_special: bool) -> Result<Vec<u32>> {
         let mut out = Vec::with_capacity(text.len() / 3 + 1);
         let mut segments = Vec::new();
-        if allow_special {
-            self.added.split(text, &mut segments);
-        } else if !text.is_empty() {
-            segments.push(Segment::Text(0, text.len()));
-        }
+        self.added.split(text, allow_special, &mut segments);
         for segment in segments {
             match segment {
                 Segment::Token(id) => out.push(id),
@@ -210,6 +214,29 @@ impl Tokenizer {
     /// The end-of-sequence / end-of-text token, when the tokenizer declares one.
     pub fn eos_id(&self) -> Option<u32> {
         self.eos
+    }
+
+    /// Whether a sequence starts with BOS and ends with EOS (a GGUF file's `tokenizer.ggml.add_bos_token` /
+    /// `add_eos_token`, with llama.cpp's defaults when absent); what [`Tokenizer::encode_with_special`] adds.
+    pub fn adds_special(&self) -> (bool, bool) {
+        (self.add_bos, self.add_eos)
+    }
+
+    /// [`Tokenizer::encode`] with the sequence's BOS / EOS added as the tokenizer declares
+    /// ([`Tokenizer::adds_special`]): what HF's `encode(text)` (`add_special_tokens=True`) and llama.cpp's
+    /// `llama_tokenize(..., add_special=true)` give.
+    pub fn encode_with_special(&self, text: &str) -> Result<Vec<u32>> {
+        let ids = self.encode(text)?;
+        Ok(self.with_special(ids))
+    }
+
+    /// `ids` with the BOS / EOS of [`Tokenizer::adds_special`] around them.
+    pub fn with_special(&self, ids: Vec<u32>) -> Vec<u32> {
+        let mut out = Vec::with_capacity(ids.len() + 2);
+        out.extend(self.bos.filter(|_| self.add_bos));
+        out.extend(ids);
+        out.extend(self.eos.filter(|_| self.add_eos));
+        out
     }
 }
 

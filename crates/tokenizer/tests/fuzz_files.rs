@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 
 use base64::Engine;
 use ember_tokenizer::{Tokenizer, byte_level, pretokenize::R50K_PATTERN};
-use mutate::{apply, cases, mutations};
+use mutate::{apply, mutations};
 use proptest::prelude::*;
 use serde_json::Value;
 
@@ -183,7 +183,7 @@ fn mutate_lines(lines: &mut Vec<String>, at: usize, kind: u8, param: u64) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(cases(512)))]
+    #![proptest_config(mutate::config(512))]
 
     #[test]
     fn mutated_tokenizer_json_loads_or_names_the_file(

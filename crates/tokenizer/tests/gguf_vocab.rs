@@ -63,7 +63,7 @@ fn gguf_arrays(name: &str, model: &str, pre: Option<&str>) -> GgufVocab {
         scores,
         token_types,
         merges,
-        add_space_prefix: None,
+        ..GgufVocab::default()
     }
 }
 

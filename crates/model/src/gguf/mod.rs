@@ -23,7 +23,9 @@ pub use error::GgufError;
 pub use ggml_type::GgmlType;
 pub use metadata::MetadataValue;
 pub use reader::{DEFAULT_ALIGNMENT, MAX_METADATA_ELEMENTS, TensorInfo};
-pub use vocab::{CHAT_TEMPLATE, chat_template, tokenizer_vocab};
+pub use vocab::{
+    CHAT_TEMPLATE, TokenizerFromGgufError, chat_template, load_tokenizer, tokenizer_vocab,
+};
 
 /// An open GGUF file: its parsed header over a read-only memory map of the whole file.
 #[derive(Debug)]

@@ -42,10 +42,43 @@ fn token_id(file: &GgufFile, key: &str) -> Result<Option<u32>, GgufError> {
     }
 }
 
+/// The boolean under `key`, if present.
+fn flag(file: &GgufFile, key: &str) -> Result<Option<bool>, GgufError> {
+    match file.get(key) {
+        None => Ok(None),
+        Some(v) => v
+            .as_bool()
+            .map(Some)
+            .ok_or_else(|| file.metadata_error(key, "a boolean", v.type_name())),
+    }
+}
+
+/// The tokenizer of a GGUF file at `path`: its `tokenizer.ggml.*` arrays built into a [`Tokenizer`], reading
+/// only the metadata (the file is mapped, its tensors are not touched). What `--tokenizer FILE.gguf` loads.
+pub fn load_tokenizer(
+    path: &std::path::Path,
+) -> Result<ember_tokenizer::Tokenizer, TokenizerFromGgufError> {
+    let file = GgufFile::open(path)?;
+    let vocab = tokenizer_vocab(&file)?;
+    Ok(ember_tokenizer::Tokenizer::from_gguf_vocab(vocab)?)
+}
+
+/// Why a GGUF file's tokenizer could not be loaded: the file, or the vocabulary in it.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerFromGgufError {
+    /// The file is not a readable GGUF file, or its `tokenizer.ggml.*` metadata has the wrong types.
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    /// The vocabulary is inconsistent or of an unsupported kind.
+    #[error(transparent)]
+    Tokenizer(#[from] ember_tokenizer::TokenizerError),
+}
+
 /// The tokenizer arrays and special ids of `file`.
 pub fn tokenizer_vocab(file: &GgufFile) -> Result<GgufVocab, GgufError> {
     let string = |v: &MetadataValue| v.as_str().map(str::to_string);
     Ok(GgufVocab {
+        path: file.path().to_path_buf(),
         model: file.require_str("tokenizer.ggml.model")?.to_string(),
         pre: file
             .get("tokenizer.ggml.pre")
@@ -65,9 +98,9 @@ pub fn tokenizer_vocab(file: &GgufFile) -> Result<GgufVocab, GgufError> {
         bos: token_id(file, "tokenizer.ggml.bos_token_id")?,
         eos: token_id(file, "tokenizer.ggml.eos_token_id")?,
         unk: token_id(file, "tokenizer.ggml.unknown_token_id")?,
-        add_space_prefix: file
-            .get("tokenizer.ggml.add_space_prefix")
-            .and_then(MetadataValue::as_bool),
+        add_space_prefix: flag(file, "tokenizer.ggml.add_space_prefix")?,
+        add_bos: flag(file, "tokenizer.ggml.add_bos_token")?,
+        add_eos: flag(file, "tokenizer.ggml.add_eos_token")?,
     })
 }
 

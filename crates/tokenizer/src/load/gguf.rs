@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use crate::added::AddedToken;
 use crate::error::{Result, TokenizerError};
+use crate::load::gguf_pre::{SUPPORTED, pretokenizer};
 use crate::load::{ModelSpec, byte_level_bytes, sentencepiece_bytes};
 use crate::normalize::Normalize;
-use crate::pretokenize::Splitter;
 use crate::tokenizer::{Parts, Tokenizer};
 
 /// llama.cpp's `tokenizer.ggml.token_type` values that matter here.
@@ -18,6 +18,8 @@ const TYPE_BYTE: i32 = 6;
 /// The `tokenizer.ggml.*` metadata of a GGUF file as plain vectors.
 #[derive(Debug, Clone, Default)]
 pub struct GgufVocab {
+    /// The GGUF file the arrays come from, for error messages.
+    pub path: PathBuf,
     /// `tokenizer.ggml.model`: `"gpt2"` (byte-level BPE) or `"llama"` (SentencePiece BPE by scores).
     pub model: String,
     /// `tokenizer.ggml.pre`: the pre-tokenizer name (`"default"`, `"gpt-2"`, `"llama-bpe"`, `"qwen2"`, ...).
@@ -38,12 +40,20 @@ pub struct GgufVocab {
     pub unk: Option<u32>,
     /// `tokenizer.ggml.add_space_prefix` (SentencePiece; llama.cpp's default is true).
     pub add_space_prefix: Option<bool>,
+    /// `tokenizer.ggml.add_bos_token`: whether a sequence starts with the BOS token.
+    pub add_bos: Option<bool>,
+    /// `tokenizer.ggml.add_eos_token`: whether a sequence ends with the EOS token.
+    pub add_eos: Option<bool>,
 }
 
 impl Tokenizer {
     /// Builds a tokenizer from a GGUF vocabulary.
     pub fn from_gguf_vocab(vocab: GgufVocab) -> Result<Self> {
-        let source = PathBuf::from("GGUF tokenizer.ggml");
+        let source = if vocab.path.as_os_str().is_empty() {
+            PathBuf::from("GGUF tokenizer.ggml")
+        } else {
+            vocab.path.clone()
+        };
         let bad = |m: String| TokenizerError::malformed(&source, m);
         let n = vocab.tokens.len();
         for (key, len) in [
@@ -80,18 +90,15 @@ impl Tokenizer {
             .collect();
         match vocab.model.as_str() {
             "gpt2" => {
-                // SmolLM isolates every digit before GPT-2's split (HF: Digits(individual) + ByteLevel).
-                let digits_first = vocab.pre.as_deref() == Some("smollm");
-                let splitter = match vocab.pre.as_deref() {
-                    None | Some("default" | "gpt-2" | "gpt2" | "smollm") => Splitter::Gpt2,
-                    Some("llama3" | "llama-bpe" | "llama-v3") => Splitter::Cl100k { max_digits: 3 },
-                    Some("qwen2") => Splitter::Cl100k { max_digits: 1 },
-                    Some(other) => {
-                        return Err(TokenizerError::Unsupported {
-                            path: source,
-                            what: format!("tokenizer.ggml.pre {other:?}"),
-                        });
-                    }
+                let Some(pre) = pretokenizer(vocab.pre.as_deref())? else {
+                    return Err(TokenizerError::Unsupported {
+                        path: source,
+                        what: format!(
+                            "tokenizer.ggml.pre {:?} (supported: {})",
+                            vocab.pre.as_deref().unwrap_or_default(),
+                            SUPPORTED.join(", ")
+                        ),
+                    });
                 };
                 let ids: rustc_hash::FxHashMap<&str, u32> = vocab
                     .tokens
@@ -123,23 +130,20 @@ impl Tokenizer {
                     byte_fallback: false,
                     unk: vocab.unk,
                     fuse_unk: false,
-                    ignore_merges: matches!(splitter, Splitter::Cl100k { max_digits: 3 }),
-                };
-                let splitters = if digits_first {
-                    vec![Splitter::regex(r"\p{N}")?, splitter]
-                } else {
-                    vec![splitter]
+                    ignore_merges: pre.ignore_merges,
                 };
                 Ok(Tokenizer::from_parts(Parts {
                     model: spec.build(&merges),
                     normalizers: Vec::new(),
-                    splitters,
+                    splitters: pre.splitters,
                     prefix_space: false,
                     added,
                     token_bytes,
                     strip_leading_space: false,
                     bos: vocab.bos,
                     eos: vocab.eos,
+                    add_bos: vocab.add_bos.unwrap_or(pre.add_bos),
+                    add_eos: vocab.add_eos.unwrap_or(false),
                 }))
             }
             "llama" => {
@@ -197,6 +201,8 @@ impl Tokenizer {
                     strip_leading_space: add_prefix,
                     bos: vocab.bos,
                     eos: vocab.eos,
+                    add_bos: vocab.add_bos.unwrap_or(true),
+                    add_eos: vocab.add_eos.unwrap_or(false),
                 }))
             }
             other => Err(TokenizerError::Unsupported {

@@ -76,6 +76,8 @@ impl Tokenizer {
             token_bytes,
             strip_leading_space: false,
             bos: None,
+            add_bos: false,
+            add_eos: false,
             eos,
         }))
     }
@@ -231,6 +233,8 @@ impl<'p> HfLoader<'p> {
             strip_leading_space: decoder.strip_leading_space,
             bos,
             eos,
+            add_bos: false,
+            add_eos: false,
         }))
     }
 

@@ -150,6 +150,8 @@ fn build(
         token_bytes,
         strip_leading_space: false,
         bos: None,
+        add_bos: false,
+        add_eos: false,
         eos,
     }))
 }

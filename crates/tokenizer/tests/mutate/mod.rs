@@ -16,6 +16,20 @@ pub fn cases(default: u32) -> u32 {
         .unwrap_or(default)
 }
 
+/// The proptest configuration of a fuzz target: `cases` cases (or `EMBER_FUZZ_CASES`) from a fixed seed
+/// (`EMBER_FUZZ_SEED`, default 0), so CI runs the same cases every time and a longer run can explore others.
+pub fn config(default_cases: u32) -> ProptestConfig {
+    let seed = std::env::var("EMBER_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    ProptestConfig {
+        cases: cases(default_cases),
+        rng_seed: proptest::test_runner::RngSeed::Fixed(seed),
+        ..ProptestConfig::default()
+    }
+}
+
 /// One mutation: which node (`node` modulo the number of candidate nodes), what to do (`kind`), and a
 /// parameter some kinds use.
 #[derive(Clone, Copy, Debug)]

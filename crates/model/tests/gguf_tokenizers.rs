@@ -1,0 +1,140 @@
+//! Tokenizers read from GGUF files against llama.cpp's tokenizer tests: for each vocabulary llama.cpp ships
+//! (`models/ggml-vocab-*.gguf`, fetched by `scripts/fetch_llama_vocabs.sh` from the llama-cpp-python sdist), its
+//! `.inp` texts (hard cases: whitespace runs, digits, CJK, emoji, code, apostrophes) must encode to exactly the
+//! ids of its `.out` file, which llama.cpp's converter wrote with the model's Hugging Face tokenizer
+//! (`encode(text, add_special_tokens=False)`). Exact equality: tokenization has no tolerance.
+
+use std::path::PathBuf;
+
+use ember_model::gguf::load_tokenizer;
+
+fn vocab_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache/assets/llama-vocab")
+}
+
+/// The vocabulary file `ggml-vocab-{name}.gguf`, or `None` (with a message saying how to get it) when the
+/// assets were not fetched.
+fn vocab(name: &str) -> Option<PathBuf> {
+    let path = vocab_dir().join(format!("ggml-vocab-{name}.gguf"));
+    if path.is_file() {
+        Some(path)
+    } else {
+        eprintln!(
+            "skipping: {} is absent; run scripts/fetch_llama_vocabs.sh (scripts/test.sh does)",
+            path.display()
+        );
+        None
+    }
+}
+
+/// llama.cpp's test cases of `gguf`: texts separated by `\n__ggml_vocab_test__\n` (each one ends with the
+/// separator) and one line of space-separated ids per text.
+fn cases(gguf: &std::path::Path) -> Vec<(String, Vec<u32>)> {
+    let inp = std::fs::read_to_string(gguf.with_extension("gguf.inp")).unwrap();
+    let out = std::fs::read_to_string(gguf.with_extension("gguf.out")).unwrap();
+    let texts: Vec<&str> = inp
+        .split("\n__ggml_vocab_test__\n")
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .skip_while(|t| t.is_empty())
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    let ids: Vec<Vec<u32>> = out
+        .lines()
+        .map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(
+        texts.len(),
+        ids.len(),
+        "{}: .inp and .out disagree",
+        gguf.display()
+    );
+    texts.into_iter().map(str::to_string).zip(ids).collect()
+}
+
+fn assert_matches_llama_cpp(name: &str) {
+    let Some(path) = vocab(name) else { return };
+    let tokenizer = load_tokenizer(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let cases = cases(&path);
+    assert!(cases.len() >= 30, "{name}: only {} cases", cases.len());
+    let mut failures = Vec::new();
+    for (text, expected) in &cases {
+        let got = tokenizer.encode_ordinary(text).unwrap();
+        if &got != expected {
+            failures.push(format!(
+                "{text:?}\n  got      {got:?}\n  expected {expected:?}"
+            ));
+        }
+        // Decoding gives the text back, byte for byte.
+        assert_eq!(tokenizer.decode(&got).unwrap(), *text, "{name}: decode");
+    }
+    assert!(
+        failures.is_empty(),
+        "{name}: {} of {} texts differ:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+macro_rules! llama_cpp_vocab_tests {
+    ($($test:ident => $name:literal,)*) => {
+        $(
+            #[test]
+            fn $test() {
+                assert_matches_llama_cpp($name);
+            }
+        )*
+    };
+}
+
+llama_cpp_vocab_tests! {
+    gpt_2 => "gpt-2",
+    llama_bpe => "llama-bpe",
+    llama_spm => "llama-spm",
+    phi_3 => "phi-3",
+    qwen2 => "qwen2",
+    qwen35 => "qwen35",
+    mpt => "mpt",
+    starcoder => "starcoder",
+    refact => "refact",
+    command_r => "command-r",
+    deepseek_llm => "deepseek-llm",
+    deepseek_coder => "deepseek-coder",
+    falcon => "falcon",
+}
+
+/// A vocabulary kind ember does not read is an error naming the file and the value, not a silent GPT-2 fallback.
+#[test]
+fn an_unsupported_vocabulary_kind_is_an_error_naming_it() {
+    for (name, value) in [("bert-bge", "\"bert\""), ("gemma-4", "\"gemma4\"")] {
+        let Some(path) = vocab(name) else { return };
+        let err = load_tokenizer(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("tokenizer.ggml.model")
+                && err.contains(value)
+                && err.contains(&*path.to_string_lossy()),
+            "{err}"
+        );
+    }
+}
+
+/// BOS/EOS from `tokenizer.ggml.add_bos_token` / `add_eos_token`, with llama.cpp's defaults when absent.
+#[test]
+fn special_tokens_are_added_as_the_file_declares() {
+    for (name, bos) in [
+        ("llama-spm", Some(1)),
+        ("llama-bpe", Some(128000)),
+        ("gpt-2", None),
+    ] {
+        let Some(path) = vocab(name) else { return };
+        let tokenizer = load_tokenizer(&path).unwrap();
+        let plain = tokenizer.encode("Hello world").unwrap();
+        let with = tokenizer.encode_with_special("Hello world").unwrap();
+        let expected: Vec<u32> = bos.into_iter().chain(plain.iter().copied()).collect();
+        assert_eq!(with, expected, "{name}");
+    }
+}
