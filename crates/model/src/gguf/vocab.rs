@@ -53,7 +53,7 @@ fn flag(file: &GgufFile, key: &str) -> Result<Option<bool>, GgufError> {
     }
 }
 
-/// The tokenizer of a GGUF file at `path`: its `tokenizer.ggml.*` arrays built into a [`Tokenizer`], reading
+/// The tokenizer of a GGUF file at `path`: its `tokenizer.ggml.*` arrays built into an [`ember_tokenizer::Tokenizer`], reading
 /// only the metadata (the file is mapped, its tensors are not touched). What `--tokenizer FILE.gguf` loads.
 pub fn load_tokenizer(
     path: &std::path::Path,
