@@ -22,9 +22,9 @@ pub struct Args {
 
 /// Reads the spec of a model directory, config.json or GGUF file.
 fn read_spec(path: &Path) -> anyhow::Result<ModelSpec> {
-    if gguf::llama::is_gguf(path) {
+    if gguf::is_gguf(path) {
         let file = GgufFile::open(path)?;
-        return Ok(gguf::llama::llama_spec(&file)?);
+        return Ok(gguf::model_spec(&file)?.1);
     }
     Ok(ModelDir::open(path)
         .with_context(|| format!("reading the model config of {}", path.display()))?

@@ -78,7 +78,7 @@ pub fn run(args: Args, _ctx: &Context) -> anyhow::Result<()> {
 /// The tokenizer at `path`: a GGUF file (recognised by its magic number, so any file name works) or whatever
 /// [`Tokenizer::from_path`] reads.
 pub fn open_tokenizer(path: &std::path::Path) -> anyhow::Result<Tokenizer> {
-    if path.is_file() && ember_model::gguf::llama::is_gguf(path) {
+    if path.is_file() && ember_model::gguf::is_gguf(path) {
         return Ok(ember_model::gguf::load_tokenizer(path)?);
     }
     Ok(Tokenizer::from_path(path)?)

@@ -27,7 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let device = Default::default();
     let start = Instant::now();
     let lm = TransformerLm::new(
-        ember_model::gguf::llama::load::<Flex>(&file, &device, None)?,
+        ember_model::gguf::load::<Flex>(&file, &device, None)?,
         device,
     );
     println!("load + dequantize: {:.2} s", start.elapsed().as_secs_f64());

@@ -78,41 +78,40 @@ impl ModelAssets {
     /// Opens `path`: a `.gguf` file (recognised by its magic number) or a model directory.
     pub fn open(path: &Path) -> Result<Self, InferenceError> {
         let err = |e: &dyn std::fmt::Display| load_error(path, e);
-        let (weights, spec, tokenizer, chat_template) =
-            if path.is_file() && gguf::llama::is_gguf(path) {
-                let file = GgufFile::open(path).map_err(|e| err(&e))?;
-                let spec = gguf::llama::llama_spec(&file).map_err(|e| err(&e))?;
-                let vocab = gguf::tokenizer_vocab(&file).map_err(|e| err(&e))?;
-                let tokenizer = Tokenizer::from_gguf_vocab(vocab).map_err(|e| err(&e))?;
-                let token_text = |id: Option<u32>| {
-                    id.and_then(|id| tokenizer.id_to_token(id))
-                        .unwrap_or("")
-                        .to_string()
-                };
-                let template = gguf::chat_template(&file).map(|src| {
-                    ChatTemplate::new(
-                        src,
-                        &token_text(tokenizer.bos_id()),
-                        &token_text(tokenizer.eos_id()),
-                    )
-                });
-                (WeightsFile::Gguf(file), spec, Some(tokenizer), template)
-            } else {
-                let dir = ModelDir::open(path).map_err(|e| err(&e))?;
-                let tokenizer = dir
-                    .tokenizer_path()
-                    .map(|p| Tokenizer::from_path(&p))
-                    .transpose()
-                    .map_err(|e| err(&e))?;
-                let config = dir.dir.join("tokenizer_config.json");
-                let template = if config.is_file() {
-                    ChatTemplate::from_tokenizer_config(&config)?
-                } else {
-                    None
-                };
-                let spec = dir.spec.clone();
-                (WeightsFile::Dir(dir), spec, tokenizer, template)
+        let (weights, spec, tokenizer, chat_template) = if path.is_file() && gguf::is_gguf(path) {
+            let file = GgufFile::open(path).map_err(|e| err(&e))?;
+            let (_, spec) = gguf::model_spec(&file).map_err(|e| err(&e))?;
+            let vocab = gguf::tokenizer_vocab(&file).map_err(|e| err(&e))?;
+            let tokenizer = Tokenizer::from_gguf_vocab(vocab).map_err(|e| err(&e))?;
+            let token_text = |id: Option<u32>| {
+                id.and_then(|id| tokenizer.id_to_token(id))
+                    .unwrap_or("")
+                    .to_string()
             };
+            let template = gguf::chat_template(&file).map(|src| {
+                ChatTemplate::new(
+                    src,
+                    &token_text(tokenizer.bos_id()),
+                    &token_text(tokenizer.eos_id()),
+                )
+            });
+            (WeightsFile::Gguf(file), spec, Some(tokenizer), template)
+        } else {
+            let dir = ModelDir::open(path).map_err(|e| err(&e))?;
+            let tokenizer = dir
+                .tokenizer_path()
+                .map(|p| Tokenizer::from_path(&p))
+                .transpose()
+                .map_err(|e| err(&e))?;
+            let config = dir.dir.join("tokenizer_config.json");
+            let template = if config.is_file() {
+                ChatTemplate::from_tokenizer_config(&config)?
+            } else {
+                None
+            };
+            let spec = dir.spec.clone();
+            (WeightsFile::Dir(dir), spec, tokenizer, template)
+        };
         let mut eos: Vec<u32> = tokenizer
             .as_ref()
             .and_then(Tokenizer::eos_id)
@@ -161,14 +160,14 @@ impl ModelAssets {
         let err = |e: ember_model::ModelError| load_error(&self.path, e);
         match (&self.weights, precision) {
             (WeightsFile::Gguf(file), WeightFormat::Stored) => {
-                gguf::llama::load_quantized(file, device, progress).map_err(err)
+                gguf::load_quantized(file, device, progress).map_err(err)
             }
             (WeightsFile::Dir(dir), WeightFormat::Stored) if !dir.is_quantized() => Err(load_error(
                 &self.path,
                 "keeping the stored quantization needs a GGUF file or a directory written by `ember quantize`; \
                  this directory holds dense weights (quantize them with a scheme such as int8 or int4 instead)",
             )),
-            (WeightsFile::Gguf(file), _) => gguf::llama::load(file, device, progress).map_err(err),
+            (WeightsFile::Gguf(file), _) => gguf::load(file, device, progress).map_err(err),
             (WeightsFile::Dir(dir), _) => dir
                 .load(device, progress)
                 .map(|loaded| loaded.model)

@@ -73,7 +73,7 @@ fn smollm2_logits_and_greedy_ids_match_transformers() {
     let file = GgufFile::open(&path).unwrap();
     let device = Default::default();
     let lm = TransformerLm::new(
-        ember_model::gguf::llama::load::<Flex>(&file, &device, None).unwrap(),
+        ember_model::gguf::load::<Flex>(&file, &device, None).unwrap(),
         device,
     );
 

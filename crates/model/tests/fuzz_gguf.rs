@@ -61,16 +61,16 @@ fn read_counting(path: &Path, reached: &mut Reached) -> Result<(), TestCaseError
         ok_or_names(file.tensor_f32(&info.name), NAME)?;
     }
     ok_or_names(gguf::tokenizer_vocab(&file), NAME)?;
-    let Some(spec) = ok_or_names(gguf::llama::llama_spec(&file), NAME)? else {
+    let Some(spec) = ok_or_names(gguf::model_spec(&file).map(|(_, s)| s), NAME)? else {
         return Ok(());
     };
     reached.spec += 1;
     let elements: usize = spec.tensors().iter().map(|t| t.numel()).sum();
     if elements <= MAX_LOADED_ELEMENTS && spec.context_length <= MAX_LOADED_CONTEXT {
         let device = Default::default();
-        ok_or_names(gguf::llama::load::<common::B>(&file, &device, None), NAME)?;
+        ok_or_names(gguf::load::<common::B>(&file, &device, None), NAME)?;
         if ok_or_names(
-            gguf::llama::load_quantized::<common::B>(&file, &device, None),
+            gguf::load_quantized::<common::B>(&file, &device, None),
             NAME,
         )?
         .is_some()
@@ -106,13 +106,13 @@ fn the_unmutated_files_read_and_load() {
     let path = dir.path().join(NAME);
     std::fs::write(&path, gguf_writer::tiny_llama_file().0).unwrap();
     let file = GgufFile::open(&path).unwrap();
-    let spec = gguf::llama::llama_spec(&file).unwrap();
+    let spec = gguf::model_spec(&file).map(|(_, s)| s).unwrap();
     assert_eq!(
         (spec.vocab_size, spec.hidden_size, spec.num_layers),
         (32, 32, 1)
     );
-    gguf::llama::load::<common::B>(&file, &Default::default(), None).unwrap();
-    gguf::llama::load_quantized::<common::B>(&file, &Default::default(), None).unwrap();
+    gguf::load::<common::B>(&file, &Default::default(), None).unwrap();
+    gguf::load_quantized::<common::B>(&file, &Default::default(), None).unwrap();
     assert_eq!(gguf::tokenizer_vocab(&file).unwrap().tokens.len(), 32);
     read_everything(&path).unwrap();
 }
@@ -332,16 +332,14 @@ fn sizes_that_disagree_with_the_tensors_name_the_file() {
         ("llama.block_count", 1u32 << 31, "llama.block_count"),
         ("llama.block_count", 2, "llama.block_count"),
         ("llama.embedding_length", u32::MAX, "token_embd.weight"),
-        ("llama.feed_forward_length", 96, "blk.0.ffn_up.weight"),
+        ("llama.feed_forward_length", 96, "blk.0.ffn_down.weight"),
     ] {
         let bytes = tiny_with(|metadata, _| {
             metadata.retain(|(k, _)| *k != key);
             metadata.push((key, gguf_writer::Value::U32(value)));
         });
         let (_dir, file) = open(&bytes);
-        let err = gguf::llama::llama_spec(&file.unwrap())
-            .unwrap_err()
-            .to_string();
+        let err = gguf::model_spec(&file.unwrap()).err().unwrap().to_string();
         assert!(
             err.contains(NAME) && err.contains(key) && err.contains(expect),
             "{err}"
@@ -353,7 +351,7 @@ fn sizes_that_disagree_with_the_tensors_name_the_file() {
         metadata.push(("llama.attention.head_count_kv", gguf_writer::Value::U32(2)));
     });
     let (_dir, file) = open(&bytes);
-    let err = gguf::llama::load::<common::B>(&file.unwrap(), &Default::default(), None)
+    let err = gguf::load::<common::B>(&file.unwrap(), &Default::default(), None)
         .err()
         .unwrap()
         .to_string();

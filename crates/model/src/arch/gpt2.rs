@@ -5,8 +5,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    Family, TensorSource, activation, derived_head_dim, from_value, layer_count, split_layer, times,
+    Family, GgufTensor, TensorSource, activation, derived_head_dim, from_value, gguf_names,
+    layer_count, split_layer, times,
 };
+use crate::gguf::{GgufError, GgufHparams};
 use crate::spec::{Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
 use crate::tensors::{EMBED, LM_HEAD, POS_EMBED, TensorSpec};
 
@@ -174,5 +176,42 @@ impl Family for Gpt2 {
             "scale_attn_weights": spec.features.attention_scale.is_none(),
             "torch_dtype": "float32",
         }))
+    }
+
+    fn gguf_architecture(&self) -> Option<&'static str> {
+        Some("gpt2")
+    }
+
+    /// The converter writes `4 * n_embd` as the feed-forward length whatever `n_inner` is, so the MLP width is
+    /// read from `ffn_down`'s shape instead.
+    fn gguf_config(&self, h: &GgufHparams<'_>) -> Result<Value, GgufError> {
+        let hidden = h.hidden_size()?;
+        let inner = h
+            .tensor("blk.0.ffn_down.weight")
+            .and_then(|t| t.dims.first().copied())
+            .map_or_else(|| h.uint("feed_forward_length"), Ok)?;
+        Ok(json!({
+            "architectures": [self.architecture()],
+            "model_type": "gpt2",
+            "vocab_size": h.vocab_size()?,
+            "n_positions": h.uint("context_length")?,
+            "n_embd": hidden,
+            "n_layer": h.block_count()?,
+            "n_head": h.uint("attention.head_count")?,
+            "n_inner": inner,
+            "activation_function": "gelu_new",
+            "layer_norm_epsilon": h.float("attention.layer_norm_epsilon")?,
+            "tie_word_embeddings": h.tied(),
+        }))
+    }
+
+    /// The converter transposes GPT-2's `Conv1D` weights to `[out, in]`, so only `c_attn` stays special: the
+    /// fused `attn_qkv` (`[q; k; v]` rows).
+    fn gguf_tensor(&self, spec: &ModelSpec, tensor: &TensorSpec) -> Option<GgufTensor> {
+        split_layer(&tensor.name)
+            .and_then(|(layer, suffix)| {
+                gguf_names::fused_qkv(layer, suffix, spec.q_dim(), spec.kv_dim())
+            })
+            .or_else(|| gguf_names::whole(&tensor.name))
     }
 }

@@ -6,8 +6,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    Family, TensorSource, activation, derived_head_dim, from_value, layer_count, rope, split_layer,
+    Family, GgufTensor, TensorSource, activation, derived_head_dim, from_value, gguf_names,
+    layer_count, rope, split_layer,
 };
+use crate::gguf::{GgufError, GgufHparams};
 use crate::spec::{Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
 use crate::tensors::{EMBED, LM_HEAD, TensorSpec};
 
@@ -202,5 +204,41 @@ impl Family for GptNeoX {
             "rope_parameters": params,
             "torch_dtype": "float32",
         }))
+    }
+
+    fn gguf_architecture(&self) -> Option<&'static str> {
+        Some("gptneox")
+    }
+
+    fn gguf_config(&self, h: &GgufHparams<'_>) -> Result<Value, GgufError> {
+        let hidden = h.hidden_size()?;
+        let heads = h.uint("attention.head_count")?;
+        let head_dim = hidden / heads.max(1);
+        let rotary = h.opt_uint("rope.dimension_count")?.unwrap_or(head_dim);
+        Ok(json!({
+            "architectures": [self.architecture()],
+            "model_type": "gpt_neox",
+            "vocab_size": h.vocab_size()?,
+            "hidden_size": hidden,
+            "num_hidden_layers": h.block_count()?,
+            "num_attention_heads": heads,
+            "intermediate_size": h.feed_forward_length()?,
+            "max_position_embeddings": h.uint("context_length")?,
+            "layer_norm_eps": h.float("attention.layer_norm_epsilon")?,
+            "use_parallel_residual": h.bool_or("use_parallel_residual", true)?,
+            "attention_bias": h.tensor("blk.0.attn_qkv.bias").is_some(),
+            "rotary_pct": rotary as f64 / head_dim.max(1) as f64,
+            "rotary_emb_base": h.rope_theta(10_000.0)?,
+            "tie_word_embeddings": h.tied(),
+        }))
+    }
+
+    /// The converter de-interleaves `query_key_value` (`[head][q, k, v][dim]` rows) into `[q; k; v]`.
+    fn gguf_tensor(&self, spec: &ModelSpec, tensor: &TensorSpec) -> Option<GgufTensor> {
+        split_layer(&tensor.name)
+            .and_then(|(layer, suffix)| {
+                gguf_names::fused_qkv(layer, suffix, spec.q_dim(), spec.kv_dim())
+            })
+            .or_else(|| gguf_names::whole(&tensor.name))
     }
 }

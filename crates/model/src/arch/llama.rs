@@ -6,8 +6,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    Family, TensorSource, activation, derived_head_dim, from_value, hf_names, layer_count, rope,
+    Family, GgufTensor, TensorSource, activation, derived_head_dim, from_value, gguf_names,
+    hf_names, layer_count, rope, split_layer,
 };
+use crate::gguf::{GgufError, GgufHparams};
 use crate::spec::{Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
 use crate::tensors::TensorSpec;
 
@@ -174,4 +176,66 @@ impl Family for Llama {
         config["mlp_bias"] = json!(b.mlp_in);
         Ok(config)
     }
+
+    /// llama.cpp converts LLaMA, Mistral (its window is dropped: llama.cpp runs every layer in full), SmolLM and
+    /// TinyLlama to `llama`.
+    fn gguf_architecture(&self) -> Option<&'static str> {
+        Some("llama")
+    }
+
+    fn gguf_config(&self, h: &GgufHparams<'_>) -> Result<Value, GgufError> {
+        let mut config = h.rope_lineage(self.architecture(), 10_000.0)?;
+        config["model_type"] = json!("llama");
+        // The converter writes `head_dim` as the rope dimension when it has no `attention.key_length`.
+        if !h.has("attention.key_length")
+            && let Some(d) = h.opt_uint("rope.dimension_count")?
+        {
+            config["head_dim"] = json!(d);
+        }
+        config["attention_bias"] = json!(h.tensor("blk.0.attn_q.bias").is_some());
+        config["mlp_bias"] = json!(h.tensor("blk.0.ffn_up.bias").is_some());
+        if h.tensor(ROPE_FREQS).is_some() {
+            config["rope_scaling"] = llama3_scaling(h, &config)?;
+        }
+        Ok(config)
+    }
+
+    /// llama.cpp's names, with the query and key rows (weights and biases) permuted by the converter
+    /// (`LlamaModel.permute`: by the query heads for `q`, by the key/value heads for `k`).
+    fn gguf_tensor(&self, spec: &ModelSpec, tensor: &TensorSpec) -> Option<GgufTensor> {
+        llama_gguf_tensor(spec, tensor)
+    }
+}
+
+/// The GGUF tensor of per-frequency RoPE divisors the converter writes for LLaMA 3 scaling.
+const ROPE_FREQS: &str = "rope_freqs.weight";
+
+/// llama.cpp's placement of a LLaMA tensor: its usual name, q/k rows permuted.
+pub(crate) fn llama_gguf_tensor(spec: &ModelSpec, tensor: &TensorSpec) -> Option<GgufTensor> {
+    let place = gguf_names::whole(&tensor.name)?;
+    Some(match split_layer(&tensor.name).map(|(_, suffix)| suffix) {
+        Some("attn.q.weight" | "attn.q.bias") => place.permuted(spec.num_heads),
+        Some("attn.k.weight" | "attn.k.bias") => place.permuted(spec.num_kv_heads),
+        _ => place,
+    })
+}
+
+/// The `rope_scaling` of a LLaMA 3 file, recovered from its `rope_freqs.weight` divisors (the converter keeps
+/// only those; see [`rope::llama3_from_factors`]).
+fn llama3_scaling(h: &GgufHparams<'_>, config: &Value) -> Result<Value, GgufError> {
+    let file = h.file();
+    let (_, factors) = file.tensor_f32(ROPE_FREQS)?;
+    let theta = config["rope_theta"].as_f64().unwrap_or(10_000.0);
+    let rotary_dim = config["head_dim"].as_u64().unwrap_or(0) as usize;
+    let scaling = rope::llama3_from_factors(theta, rotary_dim, &factors).map_err(|reason| {
+        GgufError::Corrupt {
+            path: file.path().to_path_buf(),
+            what: format!("tensor `{ROPE_FREQS}`"),
+            reason,
+        }
+    })?;
+    let rope = ember_attention::RopeConfig::new(rotary_dim)
+        .with_theta(theta)
+        .with_scaling(scaling);
+    Ok(rope::to_parameters(&rope))
 }

@@ -10,9 +10,13 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::error::{ModelError, Result};
+use crate::gguf::{GgufError, GgufHparams};
 use crate::spec::ModelSpec;
 use crate::tensors::TensorSpec;
 
+pub use gguf_names::{GgufTensor, gguf_name};
+
+mod gguf_names;
 mod gpt2;
 mod gpt_neo;
 mod gpt_neox;
@@ -95,6 +99,27 @@ pub trait Family: Sync {
 
     /// The `config.json` that makes `transformers` rebuild exactly `spec`, or why this family cannot express it.
     fn to_config(&self, spec: &ModelSpec) -> Result<Value, String>;
+
+    /// llama.cpp's `general.architecture` for this family, when ember reads the family from GGUF.
+    fn gguf_architecture(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The `config.json` equivalent to a GGUF file's metadata, as llama.cpp's converter wrote it from the
+    /// Hugging Face config; [`Family::parse_config`] then reads it like any other.
+    fn gguf_config(&self, hparams: &GgufHparams<'_>) -> Result<Value, GgufError> {
+        Err(hparams.file().metadata_error(
+            "general.architecture",
+            "an architecture ember reads from GGUF",
+            self.architecture().to_string(),
+        ))
+    }
+
+    /// Where canonical `tensor` of a model with `spec` lives in a GGUF file of this family (llama.cpp's names
+    /// by default); `None` when the family has no such tensor.
+    fn gguf_tensor(&self, _spec: &ModelSpec, tensor: &TensorSpec) -> Option<GgufTensor> {
+        gguf_names::whole(&tensor.name)
+    }
 }
 
 /// Every supported family. Keep in sync with docs/ARCHITECTURES.md.
@@ -120,6 +145,22 @@ pub fn family(architecture: &str) -> Option<&'static dyn Family> {
         .iter()
         .copied()
         .find(|f| f.architecture() == architecture)
+}
+
+/// The family llama.cpp calls `architecture` (`general.architecture` of a GGUF file).
+pub fn gguf_family(architecture: &str) -> Option<&'static dyn Family> {
+    REGISTRY
+        .iter()
+        .copied()
+        .find(|f| f.gguf_architecture() == Some(architecture))
+}
+
+/// The GGUF architectures ember reads, in registry order.
+pub fn gguf_supported() -> Vec<&'static str> {
+    REGISTRY
+        .iter()
+        .filter_map(|f| f.gguf_architecture())
+        .collect()
 }
 
 /// Parses `config` (the contents of the file at `path`, used in error messages) into its family and spec.

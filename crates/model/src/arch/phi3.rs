@@ -5,7 +5,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::llama::{LineageDefaults, lineage_config, lineage_spec};
-use super::{Family, TensorSource, from_value, hf_names, split_layer};
+use super::{Family, GgufTensor, TensorSource, from_value, gguf_names, hf_names, split_layer};
+use crate::gguf::{GgufError, GgufHparams};
 use crate::spec::ModelSpec;
 use crate::tensors::TensorSpec;
 
@@ -81,5 +82,51 @@ impl Family for Phi3 {
         let mut config = lineage_config(spec, self.architecture(), "phi3")?;
         config["sliding_window"] = json!(window);
         Ok(config)
+    }
+
+    fn gguf_architecture(&self) -> Option<&'static str> {
+        Some("phi3")
+    }
+
+    /// Partial rotary from `rope.dimension_count`; `attention.sliding_window` 0 means none (the converter's mark
+    /// of a model without one). LongRoPE files (`rope_factors_long.weight`) are refused: ember does not run
+    /// LongRoPE.
+    fn gguf_config(&self, h: &GgufHparams<'_>) -> Result<Value, GgufError> {
+        let mut config = h.rope_lineage(self.architecture(), 10_000.0)?;
+        config["model_type"] = json!("phi3");
+        if h.tensor("rope_factors_long.weight").is_some() {
+            return Err(h.file().metadata_error(
+                &h.key("rope.scaling.type"),
+                "a RoPE scaling ember runs (this file has LongRoPE factors, `rope_factors_long.weight`)",
+                "longrope".to_string(),
+            ));
+        }
+        let head_dim = config["head_dim"].as_u64().unwrap_or(1).max(1);
+        if let Some(rotary) = h.opt_uint("rope.dimension_count")? {
+            config["partial_rotary_factor"] = json!(rotary as f64 / head_dim as f64);
+        }
+        let window = h.opt_uint("attention.sliding_window")?.filter(|&w| w > 0);
+        config["sliding_window"] = json!(window);
+        Ok(config)
+    }
+
+    /// `attn_qkv` holds `[q; k; v]` and `ffn_up` holds `[gate; up]`, as in the Hugging Face checkpoint.
+    fn gguf_tensor(&self, spec: &ModelSpec, tensor: &TensorSpec) -> Option<GgufTensor> {
+        let Some((layer, suffix)) = split_layer(&tensor.name) else {
+            return gguf_names::whole(&tensor.name);
+        };
+        let ff = spec.intermediate_size;
+        match suffix {
+            "mlp.gate.weight" => Some(GgufTensor::fused(
+                format!("blk.{layer}.ffn_up.weight"),
+                0..ff,
+            )),
+            "mlp.up.weight" => Some(GgufTensor::fused(
+                format!("blk.{layer}.ffn_up.weight"),
+                ff..2 * ff,
+            )),
+            _ => gguf_names::fused_qkv(layer, suffix, spec.q_dim(), spec.kv_dim())
+                .or_else(|| gguf_names::whole(&tensor.name)),
+        }
     }
 }

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 use super::llama::{LineageDefaults, lineage_config, lineage_spec};
 use super::{Family, TensorSource, from_value, hf_names};
+use crate::gguf::{GgufError, GgufHparams};
 use crate::spec::ModelSpec;
 use crate::tensors::TensorSpec;
 
@@ -142,6 +143,18 @@ impl Family for Qwen2 {
         }
         let mut config = lineage_config(spec, self.architecture(), "qwen2")?;
         write_qwen_windows(&mut config, &spec.attention_windows)?;
+        Ok(config)
+    }
+
+    fn gguf_architecture(&self) -> Option<&'static str> {
+        Some("qwen2")
+    }
+
+    /// The converter writes no sliding-window keys for Qwen2 (llama.cpp runs every layer in full), so none are
+    /// read.
+    fn gguf_config(&self, h: &GgufHparams<'_>) -> Result<Value, GgufError> {
+        let mut config = h.rope_lineage(self.architecture(), 10_000.0)?;
+        config["model_type"] = json!("qwen2");
         Ok(config)
     }
 }

@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 use super::llama::{LineageDefaults, lineage_config, lineage_spec};
 use super::qwen2::{qwen_windows, write_qwen_windows};
 use super::{Family, TensorSource, hf_names};
+use crate::gguf::{GgufError, GgufHparams};
 use crate::spec::{Biases, ModelSpec};
 use crate::tensors::TensorSpec;
 
@@ -51,6 +52,17 @@ impl Family for Qwen3 {
         let mut config = lineage_config(spec, self.architecture(), "qwen3")?;
         config["attention_bias"] = json!(b.qkv);
         write_qwen_windows(&mut config, &spec.attention_windows)?;
+        Ok(config)
+    }
+
+    fn gguf_architecture(&self) -> Option<&'static str> {
+        Some("qwen3")
+    }
+
+    fn gguf_config(&self, h: &GgufHparams<'_>) -> Result<Value, GgufError> {
+        let mut config = h.rope_lineage(self.architecture(), 10_000.0)?;
+        config["model_type"] = json!("qwen3");
+        config["attention_bias"] = json!(h.tensor("blk.0.attn_q.bias").is_some());
         Ok(config)
     }
 }

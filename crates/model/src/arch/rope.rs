@@ -1,6 +1,8 @@
 //! Reading RoPE settings from a Hugging Face config, in both the transformers 5 form (`rope_parameters`) and the
 //! older one (`rope_theta` plus `rope_scaling`) that most published checkpoints still use.
 
+use std::f64::consts::PI;
+
 use serde_json::{Map, Value, json};
 
 use ember_attention::{RopeConfig, RopeLayout, RopeScaling};
@@ -226,4 +228,100 @@ pub(crate) fn to_parameters(rope: &RopeConfig) -> Value {
         params["partial_rotary_factor"] = json!(rope.rotary_dim as f64 / rope.head_dim as f64);
     }
     params
+}
+
+/// The LLaMA 3 scaling whose per-frequency divisors are `factors` (llama.cpp's `rope_freqs.weight`: the
+/// converter stores `inv_freq_plain / inv_freq_llama3` per rotary pair instead of the four parameters).
+///
+/// The parameters are not unique, only the frequencies they give: every frequency is kept (divisor 1), fully
+/// scaled (divisor `factor`), or on the ramp, where `smooth = (1/wavelen - 1/T2) / (1/T1 - 1/T2)` is linear in
+/// `1/wavelen` between the thresholds `T1 = context / high_freq_factor` and `T2 = context / low_freq_factor`.
+/// The thresholds are solved from the ramp points (or placed between the bands when fewer than two are on it),
+/// and the result is checked by recomputing every divisor.
+pub(crate) fn llama3_from_factors(
+    theta: f64,
+    rotary_dim: usize,
+    factors: &[f32],
+) -> Result<RopeScaling, String> {
+    if factors.len() != rotary_dim / 2 {
+        return Err(format!(
+            "{} values, expected {} (half the rotary dimension)",
+            factors.len(),
+            rotary_dim / 2
+        ));
+    }
+    if factors.iter().any(|f| !f.is_finite() || *f < 1.0) {
+        return Err("a divisor below 1 or not finite".to_string());
+    }
+    let factor = factors.iter().copied().fold(1.0f32, f32::max) as f64;
+    if factor <= 1.0 {
+        return Ok(RopeScaling::None);
+    }
+    let wavelen = |i: usize| 2.0 * PI * theta.powf((2 * i) as f64 / rotary_dim as f64);
+    // f32 divisors: equal within a few ulps.
+    let is = |f: f32, target: f64| ((f as f64) - target).abs() <= 1e-5 * target;
+    let kept: Vec<f64> = (0..factors.len())
+        .filter(|&i| is(factors[i], 1.0))
+        .map(wavelen)
+        .collect();
+    let scaled: Vec<f64> = (0..factors.len())
+        .filter(|&i| is(factors[i], factor))
+        .map(wavelen)
+        .collect();
+    let ramp: Vec<(f64, f64)> = (0..factors.len())
+        .filter(|&i| !is(factors[i], 1.0) && !is(factors[i], factor))
+        .map(|i| {
+            let smooth = (1.0 / factors[i] as f64 - 1.0 / factor) / (1.0 - 1.0 / factor);
+            (1.0 / wavelen(i), smooth)
+        })
+        .collect();
+    let longest_kept = kept.iter().copied().fold(0.0, f64::max);
+    let shortest_scaled = scaled.iter().copied().fold(f64::INFINITY, f64::min);
+    // In inverse wavelengths u = 1/wavelen: smooth = (u - u2) / (u1 - u2), u1 = 1/T1 > u2 = 1/T2.
+    let (u1, u2) = match ramp.as_slice() {
+        [] => {
+            let between = if shortest_scaled.is_finite() {
+                (longest_kept * shortest_scaled).sqrt()
+            } else {
+                2.0 * longest_kept.max(1.0)
+            };
+            (1.0 / between, 1.0 / (between * (1.0 + 1e-3)))
+        }
+        [(u, s)] => {
+            let t2 = if shortest_scaled.is_finite() {
+                (shortest_scaled / u).sqrt()
+            } else {
+                2.0 / u
+            };
+            let u2 = 1.0 / t2;
+            (u2 + (u - u2) / s, u2)
+        }
+        [(ua, sa), .., (ub, sb)] => {
+            let slope = (sa - sb) / (ua - ub);
+            let u2 = ub - sb / slope;
+            (u2 + 1.0 / slope, u2)
+        }
+    };
+    if !(u1 > u2 && u2 > 0.0 && u1.is_finite()) {
+        return Err("divisors that no LLaMA 3 frequency scaling gives".to_string());
+    }
+    let context = (1.0 / u2).ceil();
+    let scaling = RopeScaling::Llama3 {
+        factor,
+        low_freq_factor: context * u2,
+        high_freq_factor: context * u1,
+        original_max_position_embeddings: context as usize,
+    };
+    let plain = RopeConfig::new(rotary_dim).with_theta(theta);
+    let scaled_rope = plain.clone().with_scaling(scaling);
+    let matches = plain
+        .inv_freq(0)
+        .iter()
+        .zip(scaled_rope.inv_freq(0))
+        .zip(factors)
+        .all(|((p, s), f)| ((*p as f64 / s as f64) - *f as f64).abs() <= 1e-4 * *f as f64);
+    if !matches {
+        return Err("divisors that no LLaMA 3 frequency scaling gives".to_string());
+    }
+    Ok(scaling)
 }

@@ -1,15 +1,16 @@
 //! GGUF v2/v3 reading: header, metadata, tensor infos and dequantization.
 //!
 //! [`GgufFile::open`] memory-maps a file and parses its structure; tensors are dequantized to f32 on request with
-//! [`GgufFile::tensor_f32`], so only the tensors a model asks for are ever expanded. [`llama`] maps the `llama`
-//! architecture to a [`crate::ModelSpec`] and canonical tensors; [`tokenizer_vocab`] extracts the embedded
-//! tokenizer.
+//! [`GgufFile::tensor_f32`], so only the tensors a model asks for are ever expanded. [`model_spec`] and [`load`]
+//! go through the architecture registry (each family maps its own GGUF metadata and tensors, see
+//! [`crate::arch::Family::gguf_config`]); [`tokenizer_vocab`] extracts the embedded tokenizer.
 
 mod dequant;
 mod error;
 mod ggml_type;
-pub mod llama;
+mod hparams;
 mod metadata;
+mod model;
 mod reader;
 mod vocab;
 
@@ -21,7 +22,9 @@ use memmap2::Mmap;
 pub use dequant::dequantize;
 pub use error::GgufError;
 pub use ggml_type::GgmlType;
+pub use hparams::{GgufHparams, OUTPUT, TOKEN_EMBD};
 pub use metadata::MetadataValue;
+pub use model::{GgufSource, family, is_gguf, load, load_quantized, model_spec, unpermute_rows};
 pub use reader::{DEFAULT_ALIGNMENT, MAX_METADATA_ELEMENTS, TensorInfo};
 pub use vocab::{
     CHAT_TEMPLATE, TokenizerFromGgufError, chat_template, load_tokenizer, tokenizer_vocab,

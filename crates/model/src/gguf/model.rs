@@ -1,0 +1,246 @@
+//! A model from a GGUF file, through the architecture registry: `general.architecture` selects the
+//! [`Family`], whose `gguf_config` turns the metadata into the Hugging Face config its own parser reads, and whose
+//! `gguf_tensor` says where each canonical tensor lives and what llama.cpp's converter did to it (fused rows,
+//! the query/key permutation, Gemma's `1 +` norms), so a GGUF model loads into exactly the weights
+//! `transformers` builds from the same file.
+
+use std::path::Path;
+
+use ember_optimization::QuantizedWeight;
+
+use super::{GgmlType, GgufError, GgufFile, GgufHparams, TensorInfo};
+use crate::arch::{self, Family, GgufTensor};
+use crate::spec::ModelSpec;
+use crate::tensors::TensorSpec;
+
+/// Whether `path` looks like a GGUF file (by its magic number), for callers that accept a directory or a file.
+pub fn is_gguf(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && &magic == b"GGUF"
+}
+
+/// The family of a GGUF file, from `general.architecture`; an architecture ember does not read is an error
+/// listing the ones it does.
+pub fn family(file: &GgufFile) -> Result<&'static dyn Family, GgufError> {
+    let arch = file.require_str("general.architecture")?;
+    arch::gguf_family(arch).ok_or_else(|| {
+        file.metadata_error(
+            "general.architecture",
+            &format!("one of {}", arch::gguf_supported().join(", ")),
+            format!("{arch:?}"),
+        )
+    })
+}
+
+/// The family and [`ModelSpec`] of a GGUF file, validated like any Hugging Face config. Reads metadata and tensor
+/// infos only, never tensor data.
+pub fn model_spec(file: &GgufFile) -> crate::Result<(&'static dyn Family, ModelSpec)> {
+    let family = family(file)?;
+    let arch = file.require_str("general.architecture")?;
+    let config = family.gguf_config(&GgufHparams::new(file, arch))?;
+    let (_, spec) = arch::parse_config_value(&config, file.path())?;
+    Ok((family, spec))
+}
+
+/// Undoes llama.cpp's query/key row permutation of a row-major `[heads * head_dim, cols]` matrix (a bias is
+/// `cols = 1`): GGUF row `h*d + 2i + j` becomes row `h*d + j*(d/2) + i` (`j` in 0..2, `i` in 0..d/2).
+///
+/// Generic over the element so that quantized rows (packed codes, per-group scales) move the same way.
+pub fn unpermute_rows<T: Copy + Default>(data: &[T], heads: usize, cols: usize) -> Vec<T> {
+    let rows = data.len() / cols.max(1);
+    let head_dim = rows / heads.max(1);
+    let half = head_dim / 2;
+    let mut out = vec![T::default(); data.len()];
+    for h in 0..heads {
+        for i in 0..half {
+            for j in 0..2 {
+                let from = h * head_dim + 2 * i + j;
+                let to = h * head_dim + j * half + i;
+                out[to * cols..(to + 1) * cols]
+                    .copy_from_slice(&data[from * cols..(from + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+/// The canonical rows of a stored row-major matrix with `cols` columns: the fused slice `place.rows`, then
+/// un-permuted.
+fn rearrange<T: Copy + Default>(data: &[T], cols: usize, place: &GgufTensor) -> Vec<T> {
+    let data = match &place.rows {
+        Some(rows) => &data[rows.start * cols..rows.end * cols],
+        None => data,
+    };
+    match place.permuted_heads {
+        Some(heads) => unpermute_rows(data, heads, cols),
+        None => data.to_vec(),
+    }
+}
+
+/// Reads the canonical tensors of a GGUF model, dequantized to f32 and mapped back to Hugging Face's layout.
+pub struct GgufSource<'a> {
+    file: &'a GgufFile,
+    family: &'static dyn Family,
+    spec: &'a ModelSpec,
+    keep_quantized: bool,
+}
+
+/// A located tensor: its info, where the canonical tensor sits in it, and the canonical shape.
+struct Located<'a> {
+    info: &'a TensorInfo,
+    place: GgufTensor,
+}
+
+impl<'a> GgufSource<'a> {
+    /// A source over `file` for a model of `family` and `spec` (from [`model_spec`]).
+    pub fn new(file: &'a GgufFile, family: &'static dyn Family, spec: &'a ModelSpec) -> Self {
+        Self {
+            file,
+            family,
+            spec,
+            keep_quantized: false,
+        }
+    }
+
+    /// Hands quantized matrices of the types ember keeps packed over as quantized weights, block for block (see
+    /// [`WeightSource::take_quantized`](crate::weights::WeightSource::take_quantized)).
+    pub fn keep_quantized(mut self) -> Self {
+        self.keep_quantized = true;
+        self
+    }
+
+    fn missing(&self, name: &str, tensor: &TensorSpec) -> crate::ModelError {
+        crate::ModelError::MissingTensor {
+            name: name.to_string(),
+            canonical: tensor.name.clone(),
+            dir: self.file.path().to_path_buf(),
+        }
+    }
+
+    /// The GGUF tensor behind canonical `tensor`, with its shape checked against the spec: whole tensors have the
+    /// canonical shape, fused ones the canonical width and enough rows.
+    fn locate(&self, tensor: &TensorSpec) -> crate::Result<Located<'a>> {
+        let place = self
+            .family
+            .gguf_tensor(self.spec, tensor)
+            .ok_or_else(|| self.missing(&tensor.name, tensor))?;
+        let info = self
+            .file
+            .tensor_info(&place.name)
+            .map_err(|_| self.missing(&place.name, tensor))?;
+        let stored = info.shape();
+        let fits = match &place.rows {
+            None => stored == tensor.shape,
+            Some(rows) => {
+                rows.len() == tensor.shape[0]
+                    && stored.first().is_some_and(|&n| rows.end <= n)
+                    && stored[1..] == tensor.shape[1..]
+            }
+        };
+        if !fits {
+            let mut expected = tensor.shape.clone();
+            if let Some(rows) = &place.rows {
+                expected[0] = stored.first().copied().unwrap_or(0).max(rows.end);
+            }
+            return Err(crate::ModelError::ShapeMismatch {
+                file: self.file.path().to_path_buf(),
+                name: place.name,
+                expected,
+                found: stored,
+            });
+        }
+        Ok(Located { info, place })
+    }
+
+    /// Quantized blocks of a tensor that do not make a weight: the file's error, so it names the file.
+    fn blocks_error(
+        &self,
+        info: &TensorInfo,
+        e: ember_optimization::QuantError,
+    ) -> crate::ModelError {
+        GgufError::Corrupt {
+            path: self.file.path().to_path_buf(),
+            what: format!("tensor `{}`", info.name),
+            reason: e.to_string(),
+        }
+        .into()
+    }
+}
+
+impl crate::weights::WeightSource for GgufSource<'_> {
+    fn take(&mut self, tensor: &TensorSpec) -> crate::Result<Vec<f32>> {
+        let Located { info, place } = self.locate(tensor)?;
+        let (stored_shape, values) = self.file.tensor_f32(&info.name)?;
+        let cols: usize = stored_shape[1..].iter().product();
+        let mut values = rearrange(&values, cols, &place);
+        if place.offset != 0.0 {
+            values.iter_mut().for_each(|v| *v -= place.offset);
+        }
+        Ok(values)
+    }
+
+    fn take_quantized(&mut self, tensor: &TensorSpec) -> crate::Result<Option<QuantizedWeight>> {
+        if !self.keep_quantized || tensor.shape.len() != 2 {
+            return Ok(None);
+        }
+        let Located { info, place } = self.locate(tensor)?;
+        if place.offset != 0.0 {
+            return Ok(None);
+        }
+        let stored = info.shape();
+        let shape = [stored[0], stored[1]];
+        let bytes = self.file.tensor_bytes(&info.name)?;
+        let weight = match info.ggml_type {
+            GgmlType::Q8_0 => QuantizedWeight::from_gguf_q8_0(bytes, shape),
+            GgmlType::Q4_0 => QuantizedWeight::from_gguf_q4_0(bytes, shape),
+            GgmlType::Q4_1 => QuantizedWeight::from_gguf_q4_1(bytes, shape),
+            _ => return Ok(None),
+        }
+        .map_err(|e| self.blocks_error(info, e))?;
+        if place.rows.is_none() && place.permuted_heads.is_none() {
+            return Ok(Some(weight));
+        }
+        // Rows of packed codes and of per-group scales move together, each by its own row width.
+        let groups = weight.groups_per_row();
+        QuantizedWeight::from_parts(
+            weight.scheme(),
+            [tensor.shape[0], tensor.shape[1]],
+            rearrange(weight.packed_codes(), weight.row_bytes(), &place),
+            rearrange(weight.scales(), groups, &place),
+            weight.mins().map(|m| rearrange(m, groups, &place)),
+        )
+        .map(Some)
+        .map_err(|e| self.blocks_error(info, e))
+    }
+}
+
+/// Loads a GGUF model onto `device`: its spec and every weight dequantized to f32.
+pub fn load<B: crate::EmberBackend>(
+    file: &GgufFile,
+    device: &B::Device,
+    progress: Option<crate::weights::Progress<'_>>,
+) -> crate::Result<crate::Transformer<B>> {
+    let (family, spec) = model_spec(file)?;
+    crate::Transformer::from_source(
+        &spec,
+        &mut GgufSource::new(file, family, &spec),
+        device,
+        progress,
+    )
+}
+
+/// Loads a GGUF model onto `device` keeping its Q8_0, Q4_0 and Q4_1 matrices quantized exactly as stored (the
+/// dequantized values are bit-identical to ggml's); tensors of other types load as f32.
+pub fn load_quantized<B: crate::EmberBackend>(
+    file: &GgufFile,
+    device: &B::Device,
+    progress: Option<crate::weights::Progress<'_>>,
+) -> crate::Result<crate::Transformer<B>> {
+    let (family, spec) = model_spec(file)?;
+    let mut source = GgufSource::new(file, family, &spec).keep_quantized();
+    crate::Transformer::from_source(&spec, &mut source, device, progress)
+}

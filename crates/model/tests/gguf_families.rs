@@ -1,0 +1,215 @@
+//! GGUF files of every family ember reads from GGUF, written by llama.cpp's own converter from tiny random
+//! Hugging Face models (scripts/fixtures/gguf_family_fixtures.py): ember's logits from the GGUF equal
+//! transformers' (its GGUF reader, or the original checkpoint where that reader loses something, see each
+//! fixture's `.json`), and greedy decoding through the KV cache gives transformers' continuation.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{B, argmax, floats, max_abs_diff, tokens};
+use ember_attention::ContiguousKvCache;
+use ember_model::gguf::{self, GgufFile};
+use ember_model::{Step, Transformer};
+use safetensors::SafeTensors;
+
+/// Every fixture, with the Hugging Face architecture its GGUF must map to.
+const FIXTURES: [(&str, &str); 10] = [
+    ("llama", "LlamaForCausalLM"),
+    ("llama_bias", "LlamaForCausalLM"),
+    ("llama3", "LlamaForCausalLM"),
+    ("llama_q8_0", "LlamaForCausalLM"),
+    // llama.cpp converts Mistral to `llama`.
+    ("mistral", "LlamaForCausalLM"),
+    ("qwen2", "Qwen2ForCausalLM"),
+    ("qwen3", "Qwen3ForCausalLM"),
+    ("phi3", "Phi3ForCausalLM"),
+    ("gpt2", "GPT2LMHeadModel"),
+    ("gpt_neox", "GPTNeoXForCausalLM"),
+];
+
+/// f32 on both sides from the same stored values (the Q8_0 file: the same dequantized blocks, which ember's
+/// dequantizer reproduces bit for bit); only the summation order differs, so as for the safetensors parity
+/// fixtures 1e-4 bounds rounding while a wrong permutation, fused slice or norm offset is > 1e-1.
+const LOGIT_TOLERANCE: f32 = 1e-4;
+
+fn path(name: &str, ext: &str) -> PathBuf {
+    common::fixture("gguf_families").join(format!("{name}.{ext}"))
+}
+
+struct Expected {
+    tokens: Vec<u32>,
+    logits: Vec<f32>,
+    greedy: Vec<u32>,
+    greedy_min_gap: f32,
+}
+
+fn expected(name: &str) -> Expected {
+    let bytes = std::fs::read(path(name, "safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let ints = |key: &str| -> Vec<u32> {
+        st.tensor(key)
+            .unwrap()
+            .data()
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
+            .collect()
+    };
+    Expected {
+        tokens: ints("tokens"),
+        logits: floats(&st, "logits"),
+        greedy: ints("greedy"),
+        greedy_min_gap: floats(&st, "greedy_min_gap")[0],
+    }
+}
+
+fn open(name: &str) -> GgufFile {
+    GgufFile::open(path(name, "gguf.bin")).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn greedy(model: &Transformer<B>, prompt: &[u32], steps: usize) -> Vec<u32> {
+    let vocab = model.spec().vocab_size;
+    let mut cache = ContiguousKvCache::<B>::new(model.spec().num_layers);
+    let mut input = prompt.to_vec();
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        let step = Step {
+            cache: Some(&mut cache),
+            ..Step::default()
+        };
+        let logits = model.forward_with(tokens(&input), step).unwrap();
+        let values = logits.into_data().into_vec::<f32>().unwrap();
+        let next = argmax(&values[values.len() - vocab..]);
+        out.push(next);
+        input = vec![next];
+    }
+    out
+}
+
+#[test]
+fn every_family_loads_from_gguf_with_transformers_logits_and_greedy_ids() {
+    let mut failures = Vec::new();
+    for (name, architecture) in FIXTURES {
+        let file = open(name);
+        let (family, spec) = gguf::model_spec(&file).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(family.architecture(), architecture, "{name}");
+        assert_eq!(spec.architecture, architecture, "{name}");
+        let exp = expected(name);
+        assert!(
+            exp.greedy_min_gap > 10.0 * LOGIT_TOLERANCE,
+            "{name}: the fixture has a near tie"
+        );
+        let model = gguf::load::<B>(&file, &Default::default(), None)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let logits = model.forward(tokens(&exp.tokens)).unwrap();
+        let got = logits.into_data().into_vec::<f32>().unwrap();
+        let diff = max_abs_diff(&got, &exp.logits);
+        if diff > LOGIT_TOLERANCE {
+            failures.push(format!("{name}: max |ember - transformers| = {diff}"));
+        }
+        let ids = greedy(&model, &exp.tokens, exp.greedy.len());
+        if ids != exp.greedy {
+            failures.push(format!(
+                "{name}: greedy {ids:?}, transformers {:?}",
+                exp.greedy
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn a_q8_0_file_kept_packed_gives_the_dequantized_logits() {
+    // Packed Q8_0 matmuls accumulate the same dequantized values in another order: the same 1e-4 holds.
+    let file = open("llama_q8_0");
+    let exp = expected("llama_q8_0");
+    let model = gguf::load_quantized::<B>(&file, &Default::default(), None).unwrap();
+    assert!(
+        model.weight_memory_bytes()
+            < gguf::load::<B>(&file, &Default::default(), None)
+                .unwrap()
+                .weight_memory_bytes(),
+        "the Q8_0 matrices stay packed"
+    );
+    let got = model
+        .forward(tokens(&exp.tokens))
+        .unwrap()
+        .into_data()
+        .into_vec::<f32>()
+        .unwrap();
+    let diff = max_abs_diff(&got, &exp.logits);
+    assert!(
+        diff <= LOGIT_TOLERANCE,
+        "max |packed - transformers| = {diff}"
+    );
+}
+
+#[test]
+fn gguf_specs_equal_the_original_checkpoints_specs() {
+    // The converter's metadata maps back to the same spec the Hugging Face config gives (the safetensors parity
+    // fixtures of the same families), up to what GGUF cannot carry: vocabulary, sizes and names differ per
+    // fixture, so only the structural features are compared.
+    for (gguf_name, hf_name) in [
+        ("qwen3", "qwen3"),
+        ("gpt_neox", "gpt_neox"),
+        ("gpt2", "gpt2"),
+    ] {
+        let (_, from_gguf) = gguf::model_spec(&open(gguf_name)).unwrap();
+        let from_hf = ember_model::ModelDir::open(&common::fixture(hf_name))
+            .unwrap()
+            .spec;
+        assert_eq!(
+            from_gguf.features.norm.kind, from_hf.features.norm.kind,
+            "{gguf_name}"
+        );
+        assert_eq!(
+            from_gguf.features.residual, from_hf.features.residual,
+            "{gguf_name}"
+        );
+        assert_eq!(from_gguf.features.mlp, from_hf.features.mlp, "{gguf_name}");
+        assert_eq!(
+            from_gguf.features.qk_norm, from_hf.features.qk_norm,
+            "{gguf_name}"
+        );
+        assert_eq!(
+            from_gguf.features.activation, from_hf.features.activation,
+            "{gguf_name}"
+        );
+    }
+}
+
+#[test]
+fn llama3_scaling_is_recovered_from_the_converters_divisors() {
+    let (_, spec) = gguf::model_spec(&open("llama3")).unwrap();
+    let ember_model::Positions::Rope(rope) = &spec.positions else {
+        panic!("RoPE expected")
+    };
+    assert!(
+        matches!(rope.scaling, ember_model::RopeScaling::Llama3 { factor, .. } if factor == 8.0),
+        "{:?}",
+        rope.scaling
+    );
+}
+
+#[test]
+fn an_unknown_architecture_is_an_error_listing_the_supported() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = std::fs::read(path("llama", "gguf.bin")).unwrap();
+    // `general.architecture` = "llama" -> "lxama": same length, so the file stays well formed.
+    let at = bytes
+        .windows(5)
+        .position(|w| w == b"llama")
+        .expect("the architecture string");
+    bytes[at + 1] = b'x';
+    let renamed = dir.path().join("renamed.gguf");
+    std::fs::write(&renamed, bytes).unwrap();
+    let file = GgufFile::open(&renamed).unwrap();
+    let err = gguf::model_spec(&file).err().unwrap().to_string();
+    assert!(
+        err.contains("general.architecture")
+            && err.contains("lxama")
+            && err.contains("qwen3")
+            && err.contains("gptneox"),
+        "{err}"
+    );
+}

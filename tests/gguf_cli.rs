@@ -1,0 +1,156 @@
+//! GGUF files of every family through the CLI: `ember info`, `ember tokenize` and `ember generate --chat` on the
+//! tiny llama.cpp-converted fixtures of crates/model/tests/fixtures/gguf_families (each holds a byte-level BPE
+//! tokenizer and a ChatML template, as the converter writes them).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use burn::backend::Flex;
+use burn::tensor::{Int, Tensor, TensorData};
+use ember_model::gguf::{self, GgufFile};
+use ember_model::{Step, Transformer};
+
+/// One fixture per GGUF architecture ember reads, with the architecture `ember info` must report.
+const FAMILIES: [(&str, &str); 6] = [
+    ("llama", "LlamaForCausalLM"),
+    ("qwen2", "Qwen2ForCausalLM"),
+    ("qwen3", "Qwen3ForCausalLM"),
+    ("phi3", "Phi3ForCausalLM"),
+    ("gpt2", "GPT2LMHeadModel"),
+    ("gpt_neox", "GPTNeoXForCausalLM"),
+];
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("crates/model/tests/fixtures/gguf_families")
+        .join(format!("{name}.gguf.bin"))
+}
+
+fn ember(args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["--quiet", "--backend", "cpu"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ember {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Greedy ids from the library, token by token through the KV cache: what the CLI must print.
+fn library_greedy(name: &str, prompt: &[u32], steps: usize) -> Vec<u32> {
+    let file = GgufFile::open(fixture(name)).unwrap();
+    let model: Transformer<Flex> = gguf::load(&file, &Default::default(), None).unwrap();
+    let vocab = model.spec().vocab_size;
+    let mut cache = ember_attention::ContiguousKvCache::<Flex>::new(model.spec().num_layers);
+    let mut input = prompt.to_vec();
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        let ids: Vec<i64> = input.iter().map(|&i| i as i64).collect();
+        let tokens = Tensor::<Flex, 2, Int>::from_data(
+            TensorData::new(ids, [1, input.len()]),
+            &Default::default(),
+        );
+        let step = Step {
+            cache: Some(&mut cache),
+            ..Step::default()
+        };
+        let logits = model.forward_with(tokens, step).unwrap();
+        let values = logits.into_data().into_vec::<f32>().unwrap();
+        let last = &values[values.len() - vocab..];
+        let next = (0..vocab).fold(0, |best, i| if last[i] > last[best] { i } else { best });
+        out.push(next as u32);
+        input = vec![next as u32];
+    }
+    out
+}
+
+#[test]
+fn info_reports_each_gguf_familys_architecture() {
+    for (name, architecture) in FAMILIES {
+        let path = fixture(name).display().to_string();
+        let out = ember(&["info", "--model", &path]);
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(text.contains(architecture), "{name}: {text}");
+    }
+}
+
+#[test]
+fn generate_chat_runs_on_a_gguf_of_each_family() {
+    for (name, _) in FAMILIES {
+        let path = fixture(name).display().to_string();
+        let out = ember(&[
+            "generate",
+            "--model",
+            &path,
+            "--chat",
+            "--prompt",
+            "Good morrow",
+            "--temperature",
+            "0",
+            "--max-new-tokens",
+            "6",
+            "--format",
+            "json",
+        ]);
+        let line: serde_json::Value =
+            serde_json::from_slice(out.stdout.split(|&b| b == b'\n').next().unwrap()).unwrap();
+        let ids = |key: &str| -> Vec<u32> {
+            line[key]
+                .as_array()
+                .unwrap_or_else(|| panic!("{name}: no `{key}` in {line}"))
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect()
+        };
+        let (prompt, generated) = (ids("prompt_ids"), ids("ids"));
+        // The prompt went through the file's ChatML template: it opens with `<|im_start|>`.
+        let tokenizer = gguf::load_tokenizer(&fixture(name)).unwrap();
+        assert_eq!(
+            prompt.first().copied(),
+            tokenizer.token_to_id("<|im_start|>"),
+            "{name}: prompt {prompt:?}"
+        );
+        // Stopping at the template's end token may shorten the reply; what was generated is the greedy prefix.
+        let expected = library_greedy(name, &prompt, generated.len());
+        assert_eq!(generated, expected, "{name}");
+    }
+}
+
+#[test]
+fn tokenize_reads_the_tokenizer_of_a_gguf_file() {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["--quiet", "tokenize", "--tokenizer"])
+        .arg(fixture("qwen2"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"Good morrow, cousin")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let tokenizer = gguf::load_tokenizer(&fixture("qwen2")).unwrap();
+    let ids = tokenizer.encode_ordinary("Good morrow, cousin").unwrap();
+    assert!(!ids.is_empty());
+    let printed: Vec<u32> = text
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().unwrap())
+        .collect();
+    assert_eq!(printed, ids, "{text}");
+}
