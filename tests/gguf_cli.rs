@@ -154,3 +154,27 @@ fn tokenize_reads_the_tokenizer_of_a_gguf_file() {
         .collect();
     assert_eq!(printed, ids, "{text}");
 }
+
+#[test]
+fn prepare_tokenizes_a_corpus_with_a_gguf_files_vocabulary() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("corpus.txt");
+    std::fs::write(
+        &input,
+        "Good morrow, cousin.\n\nWhat news abroad?\n".repeat(40),
+    )
+    .unwrap();
+    let output = dir.path().join("shards");
+    let tokenizer = fixture("qwen2").display().to_string();
+    ember(&[
+        "prepare",
+        "--tokenizer",
+        &tokenizer,
+        "--input",
+        &input.display().to_string(),
+        "--output",
+        &output.display().to_string(),
+    ]);
+    let written = std::fs::read_dir(&output).unwrap().count();
+    assert!(written > 0, "no shards in {}", output.display());
+}

@@ -12,7 +12,8 @@ use crate::Context;
 /// Flags of `ember prepare`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Tokenizer: a tokenizer.json (or other tokenizer file) or a model directory holding one.
+    /// Tokenizer: a tokenizer.json (or other tokenizer file), a GGUF file (its vocabulary) or a model directory
+    /// holding one.
     #[arg(long)]
     pub tokenizer: PathBuf,
     /// Input text files, directories of them (walked recursively, sorted, hidden files skipped) or .jsonl files.
@@ -39,8 +40,9 @@ pub struct Args {
 
 /// Runs `ember prepare`.
 pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
-    let encoder = TokenizerEncoder::from_path(&args.tokenizer)
+    let tokenizer = super::tokenize::open_tokenizer(&args.tokenizer)
         .with_context(|| format!("loading tokenizer {}", args.tokenizer.display()))?;
+    let encoder = TokenizerEncoder::new(tokenizer, &args.tokenizer)?;
     let options = PrepareOptions {
         val_fraction: args.val_fraction,
         text_field: args.text_field,

@@ -61,7 +61,7 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
         );
     }
     let tokenizer_path = ensure_tokenizer(&config, ctx)?;
-    let tokenizer = Tokenizer::from_path(&tokenizer_path)
+    let tokenizer = super::tokenize::open_tokenizer(&tokenizer_path)
         .with_context(|| format!("loading tokenizer {}", tokenizer_path.display()))?;
     let data_dir = ensure_dataset(&config, &tokenizer, &tokenizer_path, ctx)?;
     let config_json = serde_json::to_value(config_summary(&config))?;
@@ -261,6 +261,27 @@ impl DocumentEncoder for Encoder<'_> {
     }
 }
 
+/// The `tokenizer.json` to copy into every checkpoint: the file itself, or a model directory's. A tokenizer of
+/// another format (a GGUF vocabulary, tiktoken ranks) is not copied (a checkpoint's tokenizer must be
+/// `tokenizer.json`), which is said once.
+fn checkpoint_tokenizer(path: &Path, quiet: bool) -> Option<PathBuf> {
+    let json = if path.is_dir() {
+        path.join("tokenizer.json")
+    } else {
+        path.to_path_buf()
+    };
+    if json.is_file() && json.extension().is_some_and(|e| e == "json") {
+        return Some(json);
+    }
+    if !quiet {
+        stderr!(
+            "note: checkpoints will hold no tokenizer: {} is not a tokenizer.json",
+            path.display()
+        );
+    }
+    None
+}
+
 /// The prepared corpus directory for this tokenizer, preparing it when missing or stale.
 fn ensure_dataset(
     config: &RunConfig,
@@ -268,9 +289,7 @@ fn ensure_dataset(
     tokenizer_path: &Path,
     ctx: &Context,
 ) -> anyhow::Result<PathBuf> {
-    let bytes = std::fs::read(tokenizer_path)
-        .with_context(|| format!("reading {}", tokenizer_path.display()))?;
-    let fingerprint = format!("{:016x}", stable_hash(&bytes));
+    let fingerprint = ember_dataset::fingerprint_path(tokenizer_path)?;
     let dir = config.data.cache_dir.join(format!("data-{fingerprint}"));
     if TokenDataset::open_for_tokenizer(&dir, Split::Train, &fingerprint).is_ok() {
         if !ctx.quiet {
@@ -422,7 +441,8 @@ impl BackendJob for TrainJob {
             );
         }
         let stop = ember_training::interrupt_flag()?;
-        let store = HfModelStore::with_tokenizer(Some(self.tokenizer_path.clone()));
+        let store =
+            HfModelStore::with_tokenizer(checkpoint_tokenizer(&self.tokenizer_path, self.quiet));
         let mut observer = Bar::new(self.settings.max_steps, self.quiet);
         let summary = ember_training::train(
             model,

@@ -26,6 +26,12 @@ impl TokenizerEncoder {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
+        Self::new(tokenizer, path)
+    }
+
+    /// `tokenizer`, already loaded from `path` by the caller (e.g. from a GGUF file's vocabulary, which this crate
+    /// cannot read), fingerprinted with [`fingerprint_path`].
+    pub fn new(tokenizer: Tokenizer, path: &Path) -> Result<Self> {
         Ok(Self {
             tokenizer,
             fingerprint: fingerprint_path(path)?,
@@ -37,6 +43,10 @@ impl TokenizerEncoder {
         &self.tokenizer
     }
 }
+
+/// How much of a tokenizer file [`fingerprint_path`] hashes: 256 MiB, above any tokenizer file and any GGUF
+/// file's metadata (a 262k-token vocabulary with merges is ~30 MB).
+const FINGERPRINT_PREFIX: u64 = 256 << 20;
 
 /// The tokenizer files of a model directory, in the order they are hashed (weights are never read).
 const TOKENIZER_FILES: &[&str] = &[
@@ -62,7 +72,21 @@ pub fn fingerprint_path(path: &Path) -> Result<String> {
             }
         }
     } else {
-        bytes = read(path)?;
+        // Tokenizer files are far below the cap; a GGUF model keeps its vocabulary in the metadata at the start
+        // of the file, so its first bytes (and its length) identify the tokenizer without reading gigabytes of
+        // weights.
+        use std::io::Read;
+        let file = std::fs::File::open(path).map_err(|e| DatasetError::io(path, e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| DatasetError::io(path, e))?
+            .len();
+        file.take(FINGERPRINT_PREFIX)
+            .read_to_end(&mut bytes)
+            .map_err(|e| DatasetError::io(path, e))?;
+        if len > FINGERPRINT_PREFIX {
+            bytes.extend_from_slice(&len.to_le_bytes());
+        }
     }
     Ok(format!("tok-{:016x}", stable_hash(&bytes)))
 }
