@@ -13,6 +13,7 @@ use crate::error::{ModelError, Result};
 use crate::spec::ModelSpec;
 use crate::tensors::TensorSpec;
 
+mod gemma;
 mod gpt2;
 mod gpt_neo;
 mod gpt_neox;
@@ -107,6 +108,8 @@ pub static REGISTRY: &[&dyn Family] = &[
     &phi3::Phi3,
     &gpt_neox::GptNeoX,
     &gpt_neo::GptNeo,
+    &gemma::Gemma2,
+    &gemma::Gemma3,
 ];
 
 /// The names of all supported architectures.
