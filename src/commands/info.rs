@@ -5,7 +5,7 @@ use std::path::Path;
 use anyhow::Context as _;
 use ember_model::gguf::{self, GgufFile};
 use ember_model::spec::DTYPES;
-use ember_model::{MlpKind, ModelDir, ModelSpec, Positions, RopeScaling};
+use ember_model::{MlpKind, ModelDir, ModelSpec, Positions, RopeConfig, RopeScaling};
 
 use crate::Context;
 
@@ -63,30 +63,28 @@ fn human_bytes(bytes: u64) -> String {
 fn describe_positions(spec: &ModelSpec) -> String {
     match &spec.positions {
         Positions::Learned => format!("learned ({} positions)", spec.context_length),
-        Positions::Rope(rope) => {
-            let scaling = match rope.scaling {
-                RopeScaling::None => "no scaling".to_string(),
-                RopeScaling::Linear { factor } => format!("linear scaling x{factor}"),
-                RopeScaling::Llama3 {
-                    factor,
-                    original_max_position_embeddings,
-                    ..
-                } => {
-                    format!("llama3 scaling x{factor} from {original_max_position_embeddings}")
-                }
-                RopeScaling::Dynamic {
-                    factor,
-                    max_position_embeddings,
-                } => {
-                    format!("dynamic NTK x{factor} past {max_position_embeddings}")
-                }
-            };
-            format!(
-                "RoPE {:?}, theta {}, {} of {} dims rotated, {scaling}",
-                rope.layout, rope.theta, rope.rotary_dim, rope.head_dim
-            )
-        }
+        Positions::Rope(rope) => describe_rope(rope),
     }
+}
+
+fn describe_rope(rope: &RopeConfig) -> String {
+    let scaling = match rope.scaling {
+        RopeScaling::None => "no scaling".to_string(),
+        RopeScaling::Linear { factor } => format!("linear scaling x{factor}"),
+        RopeScaling::Llama3 {
+            factor,
+            original_max_position_embeddings,
+            ..
+        } => format!("llama3 scaling x{factor} from {original_max_position_embeddings}"),
+        RopeScaling::Dynamic {
+            factor,
+            max_position_embeddings,
+        } => format!("dynamic NTK x{factor} past {max_position_embeddings}"),
+    };
+    format!(
+        "RoPE {:?}, theta {}, {} of {} dims rotated, {scaling}",
+        rope.layout, rope.theta, rope.rotary_dim, rope.head_dim
+    )
 }
 
 /// The table `ember info` prints.
@@ -150,7 +148,7 @@ pub fn report(spec: &ModelSpec) -> String {
     .filter_map(|(on, name)| on.then_some(name))
     .collect();
     let params = spec.parameter_count();
-    let rows = [
+    let mut rows = vec![
         ("architecture", spec.architecture.clone()),
         ("vocab size", grouped(spec.vocab_size as u64)),
         ("hidden size", spec.hidden_size.to_string()),
@@ -166,11 +164,16 @@ pub fn report(spec: &ModelSpec) -> String {
         (
             "norm",
             format!(
-                "{:?} (eps {}{})",
+                "{:?} (eps {}{}{})",
                 spec.features.norm.kind,
                 short_float(spec.features.norm.eps),
                 if spec.features.norm.bias {
                     ", bias"
+                } else {
+                    ""
+                },
+                if spec.features.norm_unit_offset {
+                    ", scale 1 + weight"
                 } else {
                     ""
                 }
@@ -178,7 +181,15 @@ pub fn report(spec: &ModelSpec) -> String {
         ),
         (
             "residual",
-            format!("{:?}, pre-norm", spec.features.residual),
+            format!(
+                "{:?}, {}",
+                spec.features.residual,
+                if spec.features.post_norms {
+                    "pre- and post-norm"
+                } else {
+                    "pre-norm"
+                }
+            ),
         ),
         ("positions", describe_positions(spec)),
         (
@@ -234,6 +245,36 @@ pub fn report(spec: &ModelSpec) -> String {
             ),
         ),
     ];
+    // Gemma's knobs, listed only where a model uses them.
+    let f = &spec.features;
+    let extra = [
+        (
+            "local positions",
+            f.local_rope
+                .as_ref()
+                .map(|rope| format!("{} (sliding-window layers)", describe_rope(rope))),
+        ),
+        (
+            "embedding scale",
+            f.scaled_embeddings
+                .then(|| format!("sqrt(hidden) = {}", (spec.hidden_size as f64).sqrt())),
+        ),
+        (
+            "attn soft cap",
+            f.attn_softcap.map(|c| format!("{c} (c * tanh(score / c))")),
+        ),
+        (
+            "logit soft cap",
+            f.final_softcap
+                .map(|c| format!("{c} (c * tanh(logit / c))")),
+        ),
+    ];
+    let at = rows.len() - 2;
+    for (key, value) in extra.into_iter().rev() {
+        if let Some(value) = value {
+            rows.insert(at, (key, value));
+        }
+    }
     let mut out: String = rows.iter().map(|(k, v)| format!("{k:<18} {v}\n")).collect();
     for (dtype, bytes) in DTYPES {
         out.push_str(&format!(
@@ -282,6 +323,37 @@ mod tests {
         assert_eq!(grouped(6_738_415_616), "6,738,415,616");
         assert_eq!(grouped(999), "999");
         assert_eq!(grouped(1000), "1,000");
+    }
+
+    #[test]
+    fn gemma_knobs_are_listed_only_where_a_model_uses_them() {
+        let mut spec = ModelSpec::llama_style(128, 64, 2, 4, 2, 128, 64);
+        let plain = report(&spec);
+        for row in [
+            "embedding scale",
+            "soft cap",
+            "local positions",
+            "1 + weight",
+        ] {
+            assert!(!plain.contains(row), "{plain}");
+        }
+        spec.features.scaled_embeddings = true;
+        spec.features.norm_unit_offset = true;
+        spec.features.post_norms = true;
+        spec.features.attn_softcap = Some(50.0);
+        spec.features.final_softcap = Some(30.0);
+        spec.features.local_rope = Some(RopeConfig::new(16));
+        let gemma = report(&spec);
+        for row in [
+            "sqrt(hidden) = 8\n",
+            "scale 1 + weight",
+            "pre- and post-norm",
+            "attn soft cap      50",
+            "logit soft cap     30",
+            "local positions    RoPE",
+        ] {
+            assert!(gemma.contains(row), "{gemma} should contain {row}");
+        }
     }
 
     #[test]

@@ -18,6 +18,9 @@ pub enum AttentionError {
     /// A sliding window of zero positions would hide every key.
     #[error("attention: the sliding window must cover at least 1 position, got 0")]
     EmptyWindow,
+    /// A soft cap that is not a positive finite number (the cap divides the scores).
+    #[error("attention: the score soft cap must be a positive finite number, got {0}")]
+    InvalidSoftcap(f64),
     /// A name that does not denote an attention kernel (see [`crate::AttentionKernel`]).
     #[error("unknown attention kernel `{0}`, expected one of: manual, fused, flash")]
     UnknownKernel(String),

@@ -8,7 +8,7 @@ use std::ops::Range;
 use burn::tensor::{Bool, Tensor, backend::Backend};
 
 use crate::MaskSpec;
-use crate::manual::FloatLimits;
+use crate::manual::{FloatLimits, soft_cap};
 use crate::mask::{mask_scores, tile_mask};
 
 /// Tile sizes of the flash kernel, in rows (queries) and columns (keys).
@@ -35,6 +35,8 @@ pub struct FlashConfig {
     pub mask: MaskSpec,
     /// Multiplier of `q·k` (already resolved, e.g. `1 / sqrt(head_dim)`).
     pub scale: f64,
+    /// Soft cap of the scaled scores (see [`crate::AttentionOptions::softcap`]).
+    pub softcap: Option<f64>,
     /// Tile sizes.
     pub blocks: FlashBlocks,
 }
@@ -154,9 +156,12 @@ pub fn flash_forward<B: Backend>(
             if config.mask.tile_fully_masked(rows.clone(), keys.clone()) {
                 continue;
             }
-            let scores = q_tile
-                .clone()
-                .matmul(dims.key_tile(&k, &keys).swap_dims(2, 3));
+            let scores = soft_cap(
+                q_tile
+                    .clone()
+                    .matmul(dims.key_tile(&k, &keys).swap_dims(2, 3)),
+                config.softcap,
+            );
             let mask = tile_mask(
                 &config.mask,
                 rows.clone(),
@@ -187,7 +192,8 @@ pub fn flash_forward<B: Backend>(
 /// FlashAttention-2 order: the outer loop walks key tiles (so `dk`, `dv` of a tile are finished before the
 /// next), the inner loop walks query tiles and accumulates into `dq`. With `P = exp(S - lse)`,
 /// `dV = Pᵀ dO`, `dP = dO Vᵀ`, `dS = P ∘ (dP - rowsum(dO ∘ O))`, `dQ = scale · dS K`, `dK = scale · dSᵀ Q`;
-/// grouped query heads sum into their shared KV head through the stacked row layout.
+/// with a soft cap, `dS` is multiplied by the cap's slope `1 - (S / cap)²` of the capped scores `S`. Grouped
+/// query heads sum into their shared KV head through the stacked row layout.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_backward<B: Backend>(
     q: Tensor<B, 4>,
@@ -253,11 +259,13 @@ pub fn flash_backward<B: Backend>(
             {
                 continue;
             }
-            let scores = tile
-                .q
-                .clone()
-                .matmul(k_tile.clone().swap_dims(2, 3))
-                .mul_scalar(config.scale);
+            let scores = soft_cap(
+                tile.q
+                    .clone()
+                    .matmul(k_tile.clone().swap_dims(2, 3))
+                    .mul_scalar(config.scale),
+                config.softcap,
+            );
             let mask = tile_mask(
                 &config.mask,
                 tile.rows.clone(),
@@ -265,6 +273,11 @@ pub fn flash_backward<B: Backend>(
                 key_padding.as_ref(),
                 &device,
             );
+            // With a cap, the scores' gradient passes through `d(c tanh(s/c))/ds = 1 - (capped/c)²`.
+            let cap_slope = config.softcap.map(|cap| {
+                let t = scores.clone().div_scalar(cap);
+                t.clone().mul(t).neg().add_scalar(1.0)
+            });
             let probs = mask_scores(scores, mask, dims.group)
                 .sub(tile.lse.clone())
                 .exp();
@@ -279,6 +292,10 @@ pub fn flash_backward<B: Backend>(
                 .clone()
                 .matmul(v_tile.clone().swap_dims(2, 3));
             let grad_scores = probs.mul(grad_probs.sub(tile.delta.clone()));
+            let grad_scores = match cap_slope {
+                Some(slope) => grad_scores.mul(slope),
+                None => grad_scores,
+            };
             let grad_q_part = grad_scores.clone().matmul(k_tile.clone());
             tile.grad_q = Some(match tile.grad_q.take() {
                 Some(acc) => acc.add(grad_q_part),

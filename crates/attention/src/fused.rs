@@ -39,7 +39,8 @@ pub(crate) fn fused_attention<B: Backend>(
     .map(|mask| mask.expand([batch, q_heads, q_len, kv_len]));
     let module_options = AttentionModuleOptions {
         scale: Some(options.resolved_scale(head_dim)),
-        softcap: None,
+        // burn caps before applying the mask, as Gemma does (a capped -inf would become a finite -cap).
+        softcap: options.softcap,
         is_causal: bottom_right,
     };
     module::attention(q, k, v, mask, None, module_options)

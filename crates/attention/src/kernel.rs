@@ -101,6 +101,7 @@ pub fn flash_attention<B: EmberBackend>(
     let config = FlashConfig {
         mask: options.mask,
         scale: options.resolved_scale(q.dims()[3]),
+        softcap: options.softcap,
         blocks,
     };
     let output = B::flash_attention(
@@ -167,6 +168,11 @@ pub fn check_shapes<B: EmberBackend>(
     }
     if options.mask.window == Some(0) {
         return Err(AttentionError::EmptyWindow);
+    }
+    if let Some(cap) = options.softcap
+        && !(cap.is_finite() && cap > 0.0)
+    {
+        return Err(AttentionError::InvalidSoftcap(cap));
     }
     Ok(())
 }

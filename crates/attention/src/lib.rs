@@ -7,7 +7,7 @@
 //! - [`attention`]`(kernel, q, k, v, &options)`: q `[batch, q_heads, q_len, head_dim]`, k/v
 //!   `[batch, kv_heads, kv_len, head_dim]` (`q_heads` a multiple of `kv_heads`) -> `[batch, q_heads, q_len,
 //!   head_dim]`. [`AttentionOptions`] carries the causal flag, query offset (cached positions), sliding window,
-//!   key padding mask `[batch, kv_len]` (`true` = padding) and softmax scale.
+//!   key padding mask `[batch, kv_len]` (`true` = padding), softmax scale and an optional soft cap of the scores.
 //! - [`AttentionKernel`]: `manual` (reference, O(T²) memory), `fused` (burn's op), `flash` (tiled online
 //!   softmax with its own recomputing backward, O(T) memory). Parses from and displays as those names.
 //! - [`EmberBackend`]: the one backend bound of every model, training and inference function, holding all of

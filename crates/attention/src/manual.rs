@@ -25,7 +25,10 @@ pub(crate) fn manual_attention<B: Backend>(
     // Grouped-query attention without repeating K/V: query head h = kv * group + g reads KV head kv, so
     // stacking the group's rows makes one matmul per KV head.
     let q = q.reshape([batch, kv_heads, group * q_len, head_dim]);
-    let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale);
+    let scores = soft_cap(
+        q.matmul(k.swap_dims(2, 3)).mul_scalar(scale),
+        options.softcap,
+    );
     let mask = tile_mask(
         &options.mask,
         0..q_len,
@@ -35,6 +38,15 @@ pub(crate) fn manual_attention<B: Backend>(
     );
     let probs = masked_softmax(mask_scores(scores, mask, group));
     probs.matmul(v).reshape([batch, q_heads, q_len, v_dim])
+}
+
+/// `cap * tanh(scores / cap)` (Gemma 2's attention-logit capping), or `scores` unchanged without a cap. Applied
+/// before masking: a capped `-inf` would turn into the finite `-cap` and unmask the key.
+pub(crate) fn soft_cap<B: Backend>(scores: Tensor<B, 4>, cap: Option<f64>) -> Tensor<B, 4> {
+    match cap {
+        Some(cap) => scores.div_scalar(cap).tanh().mul_scalar(cap),
+        None => scores,
+    }
 }
 
 /// Softmax over the last axis that maps rows of only `-inf` to zeros instead of NaN.

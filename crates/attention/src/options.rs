@@ -77,6 +77,9 @@ pub struct AttentionOptions<B: Backend> {
     pub key_padding: Option<Tensor<B, 2, Bool>>,
     /// Multiplier of `q·k` before the softmax; `None` means `1 / sqrt(head_dim)`.
     pub scale: Option<f64>,
+    /// Soft cap `c` of the scaled scores, `c * tanh(s / c)` before masking and softmax (Gemma 2's
+    /// `attn_logit_softcapping`); `None` leaves scores unbounded. Must be positive and finite.
+    pub softcap: Option<f64>,
 }
 
 impl<B: Backend> Default for AttentionOptions<B> {
@@ -85,6 +88,7 @@ impl<B: Backend> Default for AttentionOptions<B> {
             mask: MaskSpec::default(),
             key_padding: None,
             scale: None,
+            softcap: None,
         }
     }
 }
@@ -133,6 +137,12 @@ impl<B: Backend> AttentionOptions<B> {
     /// Overrides the softmax scale (default `1 / sqrt(head_dim)`).
     pub fn with_scale(mut self, scale: f64) -> Self {
         self.scale = Some(scale);
+        self
+    }
+
+    /// Caps the scaled scores at `±softcap` with `softcap * tanh(s / softcap)` (see [`Self::softcap`]).
+    pub fn with_softcap(mut self, softcap: f64) -> Self {
+        self.softcap = Some(softcap);
         self
     }
 

@@ -177,6 +177,20 @@ macro_rules! flash_kernel_cases {
                 );
             }
 
+            /// The CubeCL kernel has no score cap: a capped call must reach the portable kernel, not drop the cap.
+            #[test]
+            fn cube_flash_applies_the_soft_cap() {
+                check(
+                    Case {
+                        causal: true,
+                        window: Some(9),
+                        softcap: Some(1.0),
+                        ..case(4, 2, 32, 21, 21)
+                    },
+                    8,
+                );
+            }
+
             /// A kernel instantiated for the backend's f32 whatever its inputs would read half buffers as f32.
             #[test]
             fn cube_flash_matches_oracle_in_half_precision() {

@@ -7,8 +7,8 @@ use burn::backend::{Autodiff, Flex};
 use burn::tensor::{DType, Tensor, TensorData, module, ops::AttentionModuleOptions};
 use common::{Case, Inputs, assert_close, random_inputs, reference, tensor, to_vec};
 use ember_attention::{
-    AttentionKernel, FlashBlocks, FlashConfig, attention, flash_attention, flash_backward,
-    flash_forward,
+    AttentionError, AttentionKernel, FlashBlocks, FlashConfig, attention, check_shapes,
+    flash_attention, flash_backward, flash_forward,
 };
 
 type B = Autodiff<Flex>;
@@ -49,6 +49,7 @@ fn run_portable(case: &Case, x: &Inputs, blocks: FlashBlocks) -> [Vec<f64>; 4] {
     let config = FlashConfig {
         mask: options.mask,
         scale: options.resolved_scale(case.head_dim),
+        softcap: options.softcap,
         blocks,
     };
     let padding = options.key_padding.clone();
@@ -275,6 +276,51 @@ fn fused_matches_burn_attention_fallback() {
         FORWARD_ATOL,
         FORWARD_RTOL,
     );
+}
+
+#[test]
+fn softcapped_kernels_match_oracle_with_gqa_window_and_offset() {
+    // Cap 1.0 against scores of spread ~1 (inputs in [-2, 2], d = 32): tanh bends most scores, so a kernel
+    // that ignored the cap, or capped after masking, would miss the oracle by ~0.1. Covers manual, burn's
+    // fused op, the flash kernel on burn-flex (which routes capped calls to the portable tiles) and the
+    // portable tiles directly, forward and gradients.
+    check_case(
+        &Case {
+            causal: true,
+            offset: 3,
+            window: Some(7),
+            softcap: Some(1.0),
+            ..case(2, 4, 2, 32, 13, 16)
+        },
+        21,
+    );
+    check_case(
+        &Case {
+            left_pad: vec![0, 4],
+            causal: true,
+            softcap: Some(0.5),
+            ..case(2, 2, 1, 16, 9, 9)
+        },
+        22,
+    );
+}
+
+#[test]
+fn a_soft_cap_that_is_not_a_positive_number_is_refused() {
+    let case = case(1, 2, 1, 8, 3, 3);
+    let x = random_inputs(&case, 23);
+    let device = Default::default();
+    let q = tensor::<Flex>(&x.q, case.q_shape(), &device);
+    let k = tensor::<Flex>(&x.k, case.kv_shape(), &device);
+    let v = tensor::<Flex>(&x.v, case.kv_shape(), &device);
+    for cap in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let options = case.options::<Flex>(&device).with_softcap(cap);
+        let err = check_shapes(&q, &k, &v, &options).unwrap_err();
+        assert!(
+            matches!(err, AttentionError::InvalidSoftcap(_)),
+            "{cap}: {err}"
+        );
+    }
 }
 
 #[test]

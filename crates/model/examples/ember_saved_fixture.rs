@@ -2,7 +2,9 @@
 //! plus the logits ember computes for a fixed sequence (`ember_logits.safetensors`). Then
 //! `scripts/fixtures/model_fixtures.py --check-ember DIR` loads it with transformers and records the comparison.
 //!
-//! Run: `cargo run -p ember-model --example ember_saved_fixture [DIR]`.
+//! Run: `cargo run -p ember-model --example ember_saved_fixture [DIR [MODEL_DIR]]`; with `MODEL_DIR` the model
+//! saved is the one loaded from there (e.g. a parity fixture, to check the config ember writes for its family)
+//! instead of a fresh LLaMA.
 
 use std::path::PathBuf;
 
@@ -23,14 +25,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .join("tests/fixtures/ember_llama")
         });
     let device = Default::default();
-    // GQA (4 query heads, 2 KV heads), untied head; std 0.3 so the logits are far from uniform.
-    let spec = ModelSpec::llama_style(128, 32, 2, 4, 2, 64, 64);
-    let model = Transformer::<Flex>::from_source(
-        &spec,
-        &mut RandomInit::with_std(7, spec.num_layers, 0.3),
-        &device,
-        None,
-    )?;
+    let model = match std::env::args().nth(2) {
+        Some(from) => ember_model::load::<Flex>(from.as_ref(), &device, None)?.model,
+        None => {
+            // GQA (4 query heads, 2 KV heads), untied head; std 0.3 so the logits are far from uniform.
+            let spec = ModelSpec::llama_style(128, 32, 2, 4, 2, 64, 64);
+            Transformer::<Flex>::from_source(
+                &spec,
+                &mut RandomInit::with_std(7, spec.num_layers, 0.3),
+                &device,
+                None,
+            )?
+        }
+    };
+    let spec = model.spec().clone();
     save(&model, &out)?;
     let ids: Vec<i64> = (0..24).map(|i| (i * 37 + 11) % 128).collect();
     let tokens =

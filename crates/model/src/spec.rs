@@ -217,11 +217,33 @@ pub struct Features {
     pub attention_scale: Option<f64>,
     /// Whether the LM head reuses the token embedding matrix.
     pub tied_embeddings: bool,
+    /// Token embeddings multiplied by `sqrt(hidden_size)` after the lookup (Gemma's `normalizer`).
+    #[serde(default)]
+    pub scaled_embeddings: bool,
+    /// Every norm scales by `1 + weight` instead of `weight` (Gemma's RMSNorm), q/k norms included.
+    #[serde(default)]
+    pub norm_unit_offset: bool,
+    /// Each sublayer's output is normed again before the residual add (`attn_post_norm`, `mlp_post_norm`:
+    /// Gemma 2/3's "sandwich" of pre- and post-norms).
+    #[serde(default)]
+    pub post_norms: bool,
+    /// Cap `c` of the scaled attention scores, `c * tanh(s / c)` before masking (Gemma 2's
+    /// `attn_logit_softcapping`).
+    #[serde(default)]
+    pub attn_softcap: Option<f64>,
+    /// Cap `c` of the LM head's logits, `c * tanh(logits / c)` (Gemma 2's `final_logit_softcapping`).
+    #[serde(default)]
+    pub final_softcap: Option<f64>,
+    /// The RoPE of the sliding-window layers when it differs from the global one in [`ModelSpec::positions`]
+    /// (Gemma 3's `rope_local_base_freq`); `None`: every layer uses the global RoPE.
+    #[serde(default)]
+    pub local_rope: Option<RopeConfig>,
 }
 
 impl Default for Features {
     /// LLaMA: RMSNorm (eps 1e-5), sequential pre-norm residual, SwiGLU, no biases, no q/k norm, the usual
-    /// attention scale, an untied LM head.
+    /// attention scale, an untied LM head; none of Gemma's knobs (unscaled embeddings, plain norm weights, no
+    /// post-norms, no soft caps, one RoPE).
     fn default() -> Self {
         Features {
             norm: NormSpec {
@@ -236,6 +258,12 @@ impl Default for Features {
             qk_norm: false,
             attention_scale: None,
             tied_embeddings: false,
+            scaled_embeddings: false,
+            norm_unit_offset: false,
+            post_norms: false,
+            attn_softcap: None,
+            final_softcap: None,
+            local_rope: None,
         }
     }
 }
@@ -359,6 +387,30 @@ impl ModelSpec {
                 "attention scale is {scale}, expected a positive finite number"
             ));
         }
+        for (key, cap) in [
+            ("attention soft cap", self.features.attn_softcap),
+            ("final logit soft cap", self.features.final_softcap),
+        ] {
+            if let Some(cap) = cap
+                && !((cap as f32).is_finite() && cap > 0.0)
+            {
+                return fail(format!("{key} is {cap}, expected a positive finite number"));
+            }
+        }
+        if let Some(local) = &self.features.local_rope {
+            let Positions::Rope(_) = &self.positions else {
+                return fail("a local RoPE needs rotary positions".to_string());
+            };
+            if local.head_dim != self.head_dim {
+                return fail(format!(
+                    "local rope head_dim {} differs from head_dim {}",
+                    local.head_dim, self.head_dim
+                ));
+            }
+            local
+                .validate()
+                .map_err(|e| ModelError::InvalidSpec(format!("local rope: {e}")))?;
+        }
         let needs = self.memory_needs().expect("every size was bounded above");
         if needs.total() > MAX_MODEL_BYTES {
             return fail(format!(
@@ -424,9 +476,14 @@ impl ModelSpec {
             + module(ModuleShape::Norm {
                 dim: self.hidden_size,
             });
+        let tables = if self.features.local_rope.is_some() {
+            2
+        } else {
+            1
+        };
         let rope_table_bytes = match &self.positions {
-            // A cos and a sin table, one f32 row of head_dim per position.
-            Positions::Rope(_) => 2 * context * n(self.head_dim) * 4,
+            // A cos and a sin table, one f32 row of head_dim per position (twice with a local RoPE).
+            Positions::Rope(_) => tables * 2 * context * n(self.head_dim) * 4,
             Positions::Learned => 0,
         };
         Some(MemoryNeeds {

@@ -110,12 +110,18 @@ pub fn block_modules(spec: &ModelSpec) -> Vec<(&'static str, ModuleShape)> {
         modules.push(("attn.k_norm", norm(spec.head_dim)));
     }
     modules.push(("attn.o", linear(q, h, b.attn_out)));
+    if spec.features.post_norms {
+        modules.push(("attn_post_norm", norm(h)));
+    }
     modules.push(("mlp_norm", norm(h)));
     if spec.features.mlp == MlpKind::Gated {
         modules.push(("mlp.gate", linear(h, ff, b.mlp_in)));
     }
     modules.push(("mlp.up", linear(h, ff, b.mlp_in)));
     modules.push(("mlp.down", linear(ff, h, b.mlp_out)));
+    if spec.features.post_norms {
+        modules.push(("mlp_post_norm", norm(h)));
+    }
     modules
 }
 

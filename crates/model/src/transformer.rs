@@ -37,6 +37,9 @@ pub struct Transformer<B: Backend> {
     /// RoPE tables for the context window, built on the first forward call on a device and reused.
     #[module(skip)]
     rope: RopeCache,
+    /// The same for the sliding-window layers' RoPE, when the spec has one (Gemma 3).
+    #[module(skip)]
+    local_rope: RopeCache,
     /// Activation dtype (mixed precision); `None` computes in the parameters' dtype.
     #[module(skip)]
     compute_dtype: Option<FloatDType>,
@@ -142,6 +145,7 @@ impl<B: EmberBackend> Builder<'_, '_, B> {
             bias: self.optional(&format!("{prefix}.bias"))?,
             kind: spec.features.norm.kind,
             eps: spec.features.norm.eps,
+            unit_offset: spec.features.norm_unit_offset,
         })
     }
 
@@ -162,6 +166,11 @@ impl<B: EmberBackend> Builder<'_, '_, B> {
             (None, None)
         };
         let o = self.linear(&name("attn.o"))?;
+        let attn_post_norm = if spec.features.post_norms {
+            Some(self.norm(&name("attn_post_norm"), spec)?)
+        } else {
+            None
+        };
         let mlp_norm = self.norm(&name("mlp_norm"), spec)?;
         let gate = match spec.features.mlp {
             crate::spec::MlpKind::Gated => Some(self.linear(&name("mlp.gate"))?),
@@ -171,6 +180,11 @@ impl<B: EmberBackend> Builder<'_, '_, B> {
             self.linear(&name("mlp.up"))?,
             self.linear(&name("mlp.down"))?,
         );
+        let mlp_post_norm = if spec.features.post_norms {
+            Some(self.norm(&name("mlp_post_norm"), spec)?)
+        } else {
+            None
+        };
         Ok(Block {
             attn_norm,
             attn: SelfAttention {
@@ -183,7 +197,9 @@ impl<B: EmberBackend> Builder<'_, '_, B> {
                 num_heads: spec.num_heads,
                 num_kv_heads: spec.num_kv_heads,
                 head_dim: spec.head_dim,
+                softcap: spec.features.attn_softcap,
             },
+            attn_post_norm,
             mlp_norm,
             mlp: Mlp {
                 gate,
@@ -191,6 +207,7 @@ impl<B: EmberBackend> Builder<'_, '_, B> {
                 down,
                 activation: spec.features.activation,
             },
+            mlp_post_norm,
             residual: spec.features.residual,
             window: spec.attention_windows[layer],
         })
@@ -240,6 +257,7 @@ impl<B: EmberBackend> Transformer<B> {
             spec: spec.clone(),
             kernel: AttentionKernel::default(),
             rope: RopeCache::new(),
+            local_rope: RopeCache::new(),
             compute_dtype: None,
         })
     }
@@ -321,13 +339,18 @@ impl<B: EmberBackend> Transformer<B> {
             .reshape([batch, self.spec.vocab_size]))
     }
 
-    /// The LM head applied to hidden states `[batch, seq, hidden]`; logits in f32 whatever the compute dtype.
+    /// The LM head applied to hidden states `[batch, seq, hidden]`; logits in f32 whatever the compute dtype,
+    /// soft-capped in f32 when the spec caps them (Gemma 2).
     fn head(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         let logits = match &self.lm_head {
             Some(head) => head.forward(hidden),
             None => self.embed.project(hidden),
         };
-        in_dtype(logits, DType::F32)
+        let logits = in_dtype(logits, DType::F32);
+        match self.spec.features.final_softcap {
+            Some(cap) => logits.div_scalar(cap).tanh().mul_scalar(cap),
+            None => logits,
+        }
     }
 
     /// The final-normed hidden states `[batch, seq, hidden]` (what the LM head reads).
@@ -345,6 +368,10 @@ impl<B: EmberBackend> Transformer<B> {
         let device = tokens.device();
         let offset = cache.as_ref().map_or(0, |c| c.len());
         let mut x = self.embed.lookup(tokens);
+        if self.spec.features.scaled_embeddings {
+            // Gemma rounds sqrt(hidden) to the table's dtype first; the table is f32 here, and so is the factor.
+            x = x.mul_scalar((self.spec.hidden_size as f64).sqrt() as f32);
+        }
         if let Some(dtype) = self.compute_dtype {
             x = in_dtype(x, dtype.into());
         }
@@ -383,8 +410,17 @@ impl<B: EmberBackend> Transformer<B> {
             )?),
             Positions::Learned => None,
         };
+        let local_rope = match &self.spec.features.local_rope {
+            Some(config) => Some(self.local_rope.get::<B>(
+                config,
+                self.spec.context_length,
+                &device,
+            )?),
+            None => None,
+        };
         let at = CallPositions {
             rope: rope.as_ref(),
+            local_rope: local_rope.as_ref(),
             offset,
             explicit: positions,
             key_padding,

@@ -85,8 +85,8 @@ fn greedy_decoding_with_the_kv_cache_matches_transformers_generate() {
 #[test]
 fn cached_prefill_in_chunks_gives_the_same_logits_as_one_pass() {
     // Windows (8 and 6) are shorter than the chunks' offsets, so this checks the cache offset feeds the
-    // sliding-window masks and RoPE positions correctly.
-    for name in ["mistral", "gpt_neo", "qwen2"] {
+    // sliding-window masks and RoPE positions correctly (Gemma 3: the local and global RoPE tables too).
+    for name in ["mistral", "gpt_neo", "qwen2", "gemma2", "gemma3"] {
         let exp = expected(name);
         let model = load_fixture(name);
         let vocab = model.spec().vocab_size;

@@ -123,7 +123,7 @@ fn unknown_architecture_lists_the_supported_ones() {
     for supported in arch::supported() {
         assert!(msg.contains(supported), "{msg} should list {supported}");
     }
-    assert_eq!(arch::supported().len(), 8);
+    assert_eq!(arch::supported().len(), 10);
 }
 
 #[test]

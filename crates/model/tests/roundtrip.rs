@@ -78,6 +78,8 @@ fn loaded_checkpoints_save_back_under_their_own_names_and_reload_identically() {
         "qwen3",
         "gpt_neox",
         "gpt_neo",
+        "gemma2",
+        "gemma3",
     ] {
         let model = load::<B>(&fixture(name), &device, None).unwrap().model;
         let tmp = tempfile::tempdir().unwrap();

@@ -94,8 +94,9 @@ impl EmberBackend for Flex {
         key_padding: Option<BoolTensor<Self>>,
         config: FlashConfig,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        key_padding
-            .is_none()
+        // The native kernel has no score cap: soft-capped calls (Gemma 2) take the portable kernel, which caps
+        // each tile before masking.
+        (key_padding.is_none() && config.softcap.is_none())
             .then(|| crate::cpu::flash_forward(&q, &k, &v, &config.mask, config.scale))
             .flatten()
             .unwrap_or_else(|| portable_flash_forward::<Self>(q, k, v, key_padding, config))
@@ -111,7 +112,8 @@ impl EmberBackend for Flex {
         grad_output: FloatTensor<Self>,
         config: FlashConfig,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let native = key_padding.is_none().then(|| {
+        // As in the forward pass: capped scores are differentiated by the portable kernel.
+        let native = (key_padding.is_none() && config.softcap.is_none()).then(|| {
             crate::cpu::flash_backward(
                 &q,
                 &k,

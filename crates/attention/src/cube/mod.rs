@@ -100,6 +100,11 @@ where
         key_padding: Option<BoolTensor<Self>>,
         config: FlashConfig,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        // The CubeCL kernel has no score cap: soft-capped calls (Gemma 2) run the portable tiled kernel, which
+        // caps each tile before masking.
+        if config.softcap.is_some() {
+            return crate::portable::portable_flash_forward::<Self>(q, k, v, key_padding, config);
+        }
         // The kernel reads the padding mask as floats of the inputs' type (1 = padding): one cheap cast instead
         // of a kernel generic over each backend's boolean storage type.
         let dtype = FloatDType::from(q.dtype());

@@ -22,6 +22,8 @@ pub struct Case {
     pub window: Option<usize>,
     /// Left-padding length of each batch row (empty: no padding mask).
     pub left_pad: Vec<usize>,
+    /// Soft cap of the scaled scores (`None`: uncapped).
+    pub softcap: Option<f64>,
 }
 
 impl Case {
@@ -45,6 +47,7 @@ impl Case {
             offset: 0,
             window: None,
             left_pad: Vec::new(),
+            softcap: None,
         }
     }
 
@@ -85,6 +88,7 @@ impl Case {
     pub fn options<B: Backend>(&self, device: &B::Device) -> AttentionOptions<B> {
         let mut options = AttentionOptions::<B>::full();
         options.mask = self.spec();
+        options.softcap = self.softcap;
         if let Some(pad) = self.padding() {
             options = options.with_key_padding(Tensor::<B, 2, Bool>::from_data(
                 TensorData::new(pad, [self.batch, self.kv_len]),
@@ -153,10 +157,18 @@ pub fn reference(case: &Case, x: &Inputs) -> Reference {
                 }
                 let q = &x.q[qi(b, h, i)..qi(b, h, i) + d];
                 let dot = |a: &[f64], c: &[f64]| a.iter().zip(c).map(|(u, w)| u * w).sum::<f64>();
-                let scores: Vec<f64> = keys
+                let raw: Vec<f64> = keys
                     .iter()
                     .map(|&j| scale * dot(q, &x.k[ki(b, kvh, j)..ki(b, kvh, j) + d]))
                     .collect();
+                // `c tanh(s / c)`, and its slope `1 - tanh²` that the score gradients pass through.
+                let (scores, slopes): (Vec<f64>, Vec<f64>) = match case.softcap {
+                    Some(c) => raw
+                        .iter()
+                        .map(|s| ((s / c).tanh() * c, 1.0 - (s / c).tanh().powi(2)))
+                        .unzip(),
+                    None => (raw.clone(), vec![1.0; raw.len()]),
+                };
                 let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let exps: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                 let sum: f64 = exps.iter().sum();
@@ -173,8 +185,8 @@ pub fn reference(case: &Case, x: &Inputs) -> Reference {
                     dprobs.push(dot(go, v));
                 }
                 let mean: f64 = probs.iter().zip(&dprobs).map(|(p, dp)| p * dp).sum();
-                for ((&j, &p), &dp) in keys.iter().zip(&probs).zip(&dprobs) {
-                    let ds = p * (dp - mean) * scale;
+                for (((&j, &p), &dp), &slope) in keys.iter().zip(&probs).zip(&dprobs).zip(&slopes) {
+                    let ds = p * (dp - mean) * scale * slope;
                     let (row, key) = (qi(b, h, i), ki(b, kvh, j));
                     for (t, qt) in q.iter().enumerate() {
                         r.dq[row + t] += ds * x.k[key + t];

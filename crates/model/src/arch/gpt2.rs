@@ -137,6 +137,7 @@ impl Family for Gpt2 {
     }
 
     fn to_config(&self, spec: &ModelSpec) -> Result<Value, String> {
+        super::gemma::refuse_gemma_knobs(spec, self.architecture())?;
         let expressible = matches!(spec.positions, Positions::Learned)
             && spec.features.norm.kind == NormKind::LayerNorm
             && spec.features.norm.bias

@@ -159,6 +159,7 @@ impl Family for GptNeo {
     }
 
     fn to_config(&self, spec: &ModelSpec) -> Result<Value, String> {
+        super::gemma::refuse_gemma_knobs(spec, self.architecture())?;
         let sizes: Vec<usize> = spec.attention_windows.iter().flatten().copied().collect();
         let expressible = matches!(spec.positions, Positions::Learned)
             && spec.features.norm.kind == NormKind::LayerNorm

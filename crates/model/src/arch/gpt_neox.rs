@@ -161,6 +161,7 @@ impl Family for GptNeoX {
     }
 
     fn to_config(&self, spec: &ModelSpec) -> Result<Value, String> {
+        super::gemma::refuse_gemma_knobs(spec, self.architecture())?;
         let b = spec.features.biases;
         let Positions::Rope(rope) = &spec.positions else {
             return Err("GPT-NeoX uses RoPE".to_string());

@@ -109,6 +109,7 @@ pub(crate) fn lineage_config(
     architecture: &str,
     model_type: &str,
 ) -> Result<Value, String> {
+    super::gemma::refuse_gemma_knobs(spec, architecture)?;
     let Positions::Rope(rope) = &spec.positions else {
         return Err("learned position embeddings are not expressible (needs RoPE)".to_string());
     };

@@ -16,6 +16,7 @@ use crate::tensors::TensorSpec;
 
 pub use gguf_names::{GgufTensor, gguf_name};
 
+mod gemma;
 mod gguf_names;
 mod gpt2;
 mod gpt_neo;
@@ -132,6 +133,8 @@ pub static REGISTRY: &[&dyn Family] = &[
     &phi3::Phi3,
     &gpt_neox::GptNeoX,
     &gpt_neo::GptNeo,
+    &gemma::Gemma2,
+    &gemma::Gemma3,
 ];
 
 /// The names of all supported architectures.

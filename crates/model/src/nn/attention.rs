@@ -30,12 +30,17 @@ pub struct SelfAttention<B: Backend> {
     pub num_kv_heads: usize,
     /// Width of one head.
     pub head_dim: usize,
+    /// Cap of the scaled scores (Gemma 2, see [`ember_attention::AttentionOptions::softcap`]).
+    #[module(skip)]
+    pub softcap: Option<f64>,
 }
 
 /// Where the tokens of one forward call sit, shared by every layer.
 pub struct CallPositions<'a, B: EmberBackend> {
     /// Rotary tables, for RoPE models.
     pub rope: Option<&'a Rope<B>>,
+    /// Rotary tables of the sliding-window layers when they differ from `rope` (Gemma 3).
+    pub local_rope: Option<&'a Rope<B>>,
     /// Absolute position of the first new token (the number of cached positions).
     pub offset: usize,
     /// Per-row positions `[batch, seq]` for left-padded batches; `None`: `offset..offset + seq` for every row.
@@ -67,7 +72,11 @@ impl<B: EmberBackend> SelfAttention<B> {
             q = q_norm.forward(q);
             k = k_norm.forward(k);
         }
-        if let Some(rope) = at.rope {
+        let rope = match window {
+            Some(_) => at.local_rope.or(at.rope),
+            None => at.rope,
+        };
+        if let Some(rope) = rope {
             (q, k) = match &at.explicit {
                 Some(positions) => (
                     rope.apply_at(q, positions.clone()),
@@ -85,6 +94,9 @@ impl<B: EmberBackend> SelfAttention<B> {
             .with_window_opt(window);
         if let Some(scale) = scale {
             options = options.with_scale(scale);
+        }
+        if let Some(cap) = self.softcap {
+            options = options.with_softcap(cap);
         }
         if let Some(padding) = &at.key_padding {
             options = options.with_key_padding(padding.clone());

@@ -1,4 +1,5 @@
-//! One transformer block: pre-norm attention and MLP, combined sequentially or in parallel.
+//! One transformer block: pre-norm attention and MLP (each optionally post-normed too, Gemma's sandwich),
+//! combined sequentially or in parallel.
 
 use burn::module::Module;
 use burn::tensor::Tensor;
@@ -17,10 +18,14 @@ pub struct Block<B: Backend> {
     pub attn_norm: Norm<B>,
     /// Self-attention.
     pub attn: SelfAttention<B>,
+    /// Norm of the attention output before the residual add (Gemma 2/3 `post_attention_layernorm`).
+    pub attn_post_norm: Option<Norm<B>>,
     /// Norm before the MLP.
     pub mlp_norm: Norm<B>,
     /// Feed-forward.
     pub mlp: Mlp<B>,
+    /// Norm of the MLP output before the residual add (Gemma 2/3 `post_feedforward_layernorm`).
+    pub mlp_post_norm: Option<Norm<B>>,
     /// Sequential or parallel residual.
     #[module(skip)]
     pub residual: Residual,
@@ -47,14 +52,20 @@ impl<B: EmberBackend> Block<B> {
             at,
             cache,
         )?;
+        let post = |norm: &Option<Norm<B>>, y: Tensor<B, 3>| match norm {
+            Some(norm) => norm.forward(y),
+            None => y,
+        };
+        let attn = post(&self.attn_post_norm, attn);
         Ok(match self.residual {
             Residual::Sequential => {
                 let h = x + attn;
-                h.clone() + self.mlp.forward(self.mlp_norm.forward(h))
+                let mlp = self.mlp.forward(self.mlp_norm.forward(h.clone()));
+                h + post(&self.mlp_post_norm, mlp)
             }
             Residual::Parallel => {
                 let mlp = self.mlp.forward(self.mlp_norm.forward(x.clone()));
-                x + attn + mlp
+                x + attn + post(&self.mlp_post_norm, mlp)
             }
         })
     }
@@ -85,10 +96,20 @@ impl<B: Backend> Block<B> {
         out.extend(attn.q_norm.as_ref().map(|n| ("attn.q_norm", Norm(n))));
         out.extend(attn.k_norm.as_ref().map(|n| ("attn.k_norm", Norm(n))));
         out.push(("attn.o", Linear(&attn.o)));
+        out.extend(
+            self.attn_post_norm
+                .as_ref()
+                .map(|n| ("attn_post_norm", Norm(n))),
+        );
         out.push(("mlp_norm", Norm(&self.mlp_norm)));
         out.extend(mlp.gate.as_ref().map(|l| ("mlp.gate", Linear(l))));
         out.push(("mlp.up", Linear(&mlp.up)));
         out.push(("mlp.down", Linear(&mlp.down)));
+        out.extend(
+            self.mlp_post_norm
+                .as_ref()
+                .map(|n| ("mlp_post_norm", Norm(n))),
+        );
         out
     }
 

@@ -18,6 +18,9 @@ pub struct Norm<B: Backend> {
     pub kind: NormKind,
     /// Added to the variance (or mean square) before the square root.
     pub eps: f64,
+    /// Scale by `1 + weight` (Gemma), so a stored zero is the identity scale.
+    #[module(skip)]
+    pub unit_offset: bool,
 }
 
 impl<B: EmberBackend> Norm<B> {
@@ -27,7 +30,11 @@ impl<B: EmberBackend> Norm<B> {
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         let dtype = x.dtype();
         let x = super::in_dtype(x, DType::F32);
-        let weight = super::in_dtype(self.weight.val(), DType::F32);
+        let mut weight = super::in_dtype(self.weight.val(), DType::F32);
+        if self.unit_offset {
+            // In f32 like Gemma (`1.0 + weight.float()`): in bf16, 1 + w would round away w's small part.
+            weight = weight.add_scalar(1.0);
+        }
         let scaled = match self.kind {
             NormKind::LayerNorm => {
                 let (var, mean) = x.clone().var_mean_bias(D - 1);

@@ -13,7 +13,7 @@ use safetensors::tensor::Dtype;
 pub type B = Flex;
 
 /// Every parity fixture written by scripts/fixtures/model_fixtures.py.
-pub const FIXTURES: [&str; 10] = [
+pub const FIXTURES: [&str; 12] = [
     "gpt2",
     "llama3",
     "llama_tied",
@@ -24,6 +24,8 @@ pub const FIXTURES: [&str; 10] = [
     "gpt_neox",
     "gpt_neox_sequential",
     "gpt_neo",
+    "gemma2",
+    "gemma3",
 ];
 
 /// `crates/model/tests/fixtures/<name>`.

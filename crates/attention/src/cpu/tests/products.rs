@@ -141,6 +141,7 @@ fn native_flash_case(
     let config = FlashConfig {
         mask,
         scale: 0.25,
+        softcap: None,
         blocks: FlashBlocks::default(),
     };
     let (out, lse) = crate::cpu::flash_forward(
