@@ -11,13 +11,15 @@ use ember_model::gguf::{self, GgufFile};
 use ember_model::{Step, Transformer};
 
 /// One fixture per GGUF architecture ember reads, with the architecture `ember info` must report.
-const FAMILIES: [(&str, &str); 6] = [
+const FAMILIES: [(&str, &str); 8] = [
     ("llama", "LlamaForCausalLM"),
     ("qwen2", "Qwen2ForCausalLM"),
     ("qwen3", "Qwen3ForCausalLM"),
     ("phi3", "Phi3ForCausalLM"),
     ("gpt2", "GPT2LMHeadModel"),
     ("gpt_neox", "GPTNeoXForCausalLM"),
+    ("gemma2", "Gemma2ForCausalLM"),
+    ("gemma3", "Gemma3ForCausalLM"),
 ];
 
 fn fixture(name: &str) -> PathBuf {

@@ -14,7 +14,7 @@ use ember_model::{Step, Transformer};
 use safetensors::SafeTensors;
 
 /// Every fixture, with the Hugging Face architecture its GGUF must map to.
-const FIXTURES: [(&str, &str); 10] = [
+const FIXTURES: [(&str, &str); 12] = [
     ("llama", "LlamaForCausalLM"),
     ("llama_bias", "LlamaForCausalLM"),
     ("llama3", "LlamaForCausalLM"),
@@ -26,6 +26,8 @@ const FIXTURES: [(&str, &str); 10] = [
     ("phi3", "Phi3ForCausalLM"),
     ("gpt2", "GPT2LMHeadModel"),
     ("gpt_neox", "GPTNeoXForCausalLM"),
+    ("gemma2", "Gemma2ForCausalLM"),
+    ("gemma3", "Gemma3ForCausalLM"),
 ];
 
 /// f32 on both sides from the same stored values (the Q8_0 file: the same dequantized blocks, which ember's

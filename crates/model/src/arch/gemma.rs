@@ -11,8 +11,10 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::{
-    Family, TensorSource, activation, from_value, hf_names, layer_count, rope, split_layer,
+    Family, GgufTensor, TensorSource, activation, from_value, gguf_names, hf_names, layer_count,
+    rope, split_layer,
 };
+use crate::gguf::{GgufError, GgufHparams, MetadataValue};
 use crate::spec::{
     Activation, Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual,
 };
@@ -80,6 +82,11 @@ struct Generation {
     global_every: usize,
     /// Whether the older `sliding_window_pattern` key sets that `n` (Gemma 3 only).
     reads_pattern: bool,
+    /// llama.cpp's GGUF architecture.
+    gguf: &'static str,
+    /// The layer count of the 27B model, whose attention scale llama.cpp takes from `hidden / heads` rather than
+    /// the head width (as Google's reference config does).
+    layers_27b: u64,
 }
 
 const GEMMA2: Generation = Generation {
@@ -90,6 +97,8 @@ const GEMMA2: Generation = Generation {
     final_softcap: Some(30.0),
     global_every: 2,
     reads_pattern: false,
+    gguf: "gemma2",
+    layers_27b: 46,
 };
 
 const GEMMA3: Generation = Generation {
@@ -100,6 +109,8 @@ const GEMMA3: Generation = Generation {
     final_softcap: None,
     global_every: 6,
     reads_pattern: true,
+    gguf: "gemma3",
+    layers_27b: 62,
 };
 
 /// `config[key]`: absent gives `default`, `null` gives `None` (transformers' defaults are not `None` for the
@@ -452,6 +463,18 @@ impl Family for Gemma2 {
     fn to_config(&self, spec: &ModelSpec) -> Result<Value, String> {
         gemma_config(spec, &GEMMA2)
     }
+
+    fn gguf_architecture(&self) -> Option<&'static str> {
+        Some(GEMMA2.gguf)
+    }
+
+    fn gguf_config(&self, h: &GgufHparams<'_>) -> Result<Value, GgufError> {
+        gemma_gguf_config(h, &GEMMA2)
+    }
+
+    fn gguf_tensor(&self, _spec: &ModelSpec, tensor: &TensorSpec) -> Option<GgufTensor> {
+        gemma_gguf_tensor(tensor)
+    }
 }
 
 impl Family for Gemma3 {
@@ -470,6 +493,101 @@ impl Family for Gemma3 {
     fn to_config(&self, spec: &ModelSpec) -> Result<Value, String> {
         gemma_config(spec, &GEMMA3)
     }
+
+    fn gguf_architecture(&self) -> Option<&'static str> {
+        Some(GEMMA3.gguf)
+    }
+
+    fn gguf_config(&self, h: &GgufHparams<'_>) -> Result<Value, GgufError> {
+        gemma_gguf_config(h, &GEMMA3)
+    }
+
+    fn gguf_tensor(&self, _spec: &ModelSpec, tensor: &TensorSpec) -> Option<GgufTensor> {
+        gemma_gguf_tensor(tensor)
+    }
+}
+
+/// The config of a Gemma GGUF file. What the metadata does not carry is llama.cpp's own rule: the attention scale
+/// (`1/sqrt(head_dim)`, `1/sqrt(hidden/heads)` for the 27B models), and which layers slide
+/// (`attention.sliding_window_pattern`, a count or a per-layer array, by default every 2nd (Gemma 2) / 6th
+/// (Gemma 3) layer global); absent soft caps are off.
+fn gemma_gguf_config(h: &GgufHparams<'_>, generation: &Generation) -> Result<Value, GgufError> {
+    let mut config = h.rope_lineage(generation.architecture, 10_000.0)?;
+    config["model_type"] = json!(generation.model_type);
+    config["hidden_activation"] = json!("gelu_pytorch_tanh");
+    let layers = h.block_count()?;
+    let heads = h.uint("attention.head_count")?.max(1);
+    config["query_pre_attn_scalar"] = if layers == generation.layers_27b {
+        json!(h.hidden_size()? / heads)
+    } else {
+        config["head_dim"].clone()
+    };
+    config["attn_logit_softcapping"] = json!(h.opt_float("attn_logit_softcapping")?);
+    config["final_logit_softcapping"] = json!(h.opt_float("final_logit_softcapping")?);
+    let window = h.opt_uint("attention.sliding_window")?.filter(|&w| w > 0);
+    let pattern_key = h.key("attention.sliding_window_pattern");
+    let sliding: Vec<bool> = match h.file().get(&pattern_key) {
+        _ if window.is_none() => vec![false; layers as usize],
+        Some(MetadataValue::Array(flags)) => {
+            if flags.len() as u64 != layers {
+                return Err(h.file().metadata_error(
+                    &pattern_key,
+                    &format!("one flag per layer ({layers})"),
+                    format!("{} entries", flags.len()),
+                ));
+            }
+            flags
+                .iter()
+                .map(|f| {
+                    f.as_bool().ok_or_else(|| {
+                        h.file()
+                            .metadata_error(&pattern_key, "an array of booleans", f.type_name())
+                    })
+                })
+                .collect::<Result<_, _>>()?
+        }
+        _ => {
+            let n = h
+                .opt_uint("attention.sliding_window_pattern")?
+                .unwrap_or(generation.global_every as u64);
+            // llama.cpp: layer `il` slides when `il % n < n - 1` (0 = every layer).
+            (0..layers).map(|il| n == 0 || il % n < n - 1).collect()
+        }
+    };
+    config["sliding_window"] = json!(window);
+    config["layer_types"] = json!(
+        sliding
+            .iter()
+            .map(|&s| if s {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            })
+            .collect::<Vec<_>>()
+    );
+    if let Some(local) = h.opt_float("rope.freq_base_swa")? {
+        config["rope_local_base_freq"] = json!(local);
+    }
+    Ok(config)
+}
+
+/// Gemma's GGUF tensors: llama.cpp's names (`post_attention_norm`, `ffn_norm` for the pre-feed-forward norm,
+/// `post_ffw_norm`), every norm stored as `1 + weight` by the converter.
+fn gemma_gguf_tensor(tensor: &TensorSpec) -> Option<GgufTensor> {
+    let renamed = split_layer(&tensor.name).and_then(|(layer, suffix)| {
+        let name = match suffix {
+            "attn_post_norm.weight" => "post_attention_norm.weight",
+            "mlp_post_norm.weight" => "post_ffw_norm.weight",
+            _ => return None,
+        };
+        Some(GgufTensor::whole(format!("blk.{layer}.{name}")))
+    });
+    let place = renamed.or_else(|| gguf_names::whole(&tensor.name))?;
+    Some(if tensor.name.ends_with("norm.weight") {
+        place.offset(1.0)
+    } else {
+        place
+    })
 }
 
 /// Refuses, for a family `architecture` that has none of Gemma's knobs, a spec that uses one, naming it by its
