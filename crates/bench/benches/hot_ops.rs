@@ -67,6 +67,7 @@ fn rms_norm(c: &mut Criterion) {
         bias: None,
         kind: NormKind::RmsNorm,
         eps: 1e-5,
+        unit_offset: false,
     };
     let mut group = c.benchmark_group("rms_norm");
     for seq in [1, 128] {

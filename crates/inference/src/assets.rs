@@ -15,8 +15,9 @@ use crate::error::InferenceError;
 pub enum WeightsFile {
     /// A GGUF file (weights, tokenizer and template in one file).
     Gguf(GgufFile),
-    /// A Hugging Face model directory.
-    Dir(ModelDir),
+    /// A Hugging Face model directory (boxed: it carries its whole spec, several times the size of an open GGUF
+    /// file).
+    Dir(Box<ModelDir>),
 }
 
 /// How a model's weights are held once loaded.
@@ -110,7 +111,7 @@ impl ModelAssets {
                 None
             };
             let spec = dir.spec.clone();
-            (WeightsFile::Dir(dir), spec, tokenizer, template)
+            (WeightsFile::Dir(Box::new(dir)), spec, tokenizer, template)
         };
         let mut eos: Vec<u32> = tokenizer
             .as_ref()

@@ -89,7 +89,7 @@ pub struct GgufSource<'a> {
     keep_quantized: bool,
 }
 
-/// A located tensor: its info, where the canonical tensor sits in it, and the canonical shape.
+/// A located tensor: its info and where the canonical tensor sits in it.
 struct Located<'a> {
     info: &'a TensorInfo,
     place: GgufTensor,
