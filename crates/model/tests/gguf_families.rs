@@ -7,10 +7,8 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{B, argmax, floats, max_abs_diff, tokens};
-use ember_attention::ContiguousKvCache;
+use common::{B, floats, max_abs_diff, tokens};
 use ember_model::gguf::{self, GgufFile};
-use ember_model::{Step, Transformer};
 use safetensors::SafeTensors;
 
 /// Every fixture, with the Hugging Face architecture its GGUF must map to.
@@ -69,25 +67,6 @@ fn open(name: &str) -> GgufFile {
     GgufFile::open(path(name, "gguf.bin")).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
-fn greedy(model: &Transformer<B>, prompt: &[u32], steps: usize) -> Vec<u32> {
-    let vocab = model.spec().vocab_size;
-    let mut cache = ContiguousKvCache::<B>::new(model.spec().num_layers);
-    let mut input = prompt.to_vec();
-    let mut out = Vec::new();
-    for _ in 0..steps {
-        let step = Step {
-            cache: Some(&mut cache),
-            ..Step::default()
-        };
-        let logits = model.forward_with(tokens(&input), step).unwrap();
-        let values = logits.into_data().into_vec::<f32>().unwrap();
-        let next = argmax(&values[values.len() - vocab..]);
-        out.push(next);
-        input = vec![next];
-    }
-    out
-}
-
 #[test]
 fn every_family_loads_from_gguf_with_transformers_logits_and_greedy_ids() {
     let mut failures = Vec::new();
@@ -109,7 +88,7 @@ fn every_family_loads_from_gguf_with_transformers_logits_and_greedy_ids() {
         if diff > LOGIT_TOLERANCE {
             failures.push(format!("{name}: max |ember - transformers| = {diff}"));
         }
-        let ids = greedy(&model, &exp.tokens, exp.greedy.len());
+        let ids = common::greedy(&model, &exp.tokens, exp.greedy.len());
         if ids != exp.greedy {
             failures.push(format!(
                 "{name}: greedy {ids:?}, transformers {:?}",

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{B, FIXTURES, argmax, expected, fixture, max_abs_diff, tokens};
+use common::{B, FIXTURES, expected, fixture, max_abs_diff, tokens};
 use ember_attention::{AttentionKernel, ContiguousKvCache};
 use ember_model::{Step, Transformer, load};
 
@@ -62,21 +62,7 @@ fn greedy_decoding_with_the_kv_cache_matches_transformers_generate() {
         );
         for kernel in AttentionKernel::ALL {
             let model = load_fixture(name).with_kernel(kernel);
-            let vocab = model.spec().vocab_size;
-            let mut cache = ContiguousKvCache::<B>::new(model.spec().num_layers);
-            let mut input = exp.tokens.clone();
-            let mut generated = Vec::new();
-            for _ in 0..exp.greedy.len() {
-                let step = Step {
-                    cache: Some(&mut cache),
-                    ..Step::default()
-                };
-                let logits = model.forward_with(tokens(&input), step).unwrap();
-                let values = logits.into_data().into_vec::<f32>().unwrap();
-                let next = argmax(&values[values.len() - vocab..]);
-                generated.push(next);
-                input = vec![next];
-            }
+            let generated = common::greedy(&model, &exp.tokens, exp.greedy.len());
             assert_eq!(generated, exp.greedy, "{name} with {kernel}");
         }
     }

@@ -4,7 +4,8 @@
 use std::ops::Range;
 
 use super::split_layer;
-use crate::tensors::{EMBED, LM_HEAD, POS_EMBED};
+use crate::spec::ModelSpec;
+use crate::tensors::{EMBED, LM_HEAD, POS_EMBED, TensorSpec};
 
 /// Where one canonical tensor lives in a GGUF file, and how the converter changed it.
 #[derive(Clone, Debug, PartialEq)]
@@ -108,4 +109,12 @@ pub fn fused_qkv(layer: usize, suffix: &str, q: usize, kv: usize) -> Option<Gguf
         format!("blk.{layer}.attn_qkv.{param}"),
         rows,
     ))
+}
+
+/// The query, key and value from the fused `attn_qkv` (see [`fused_qkv`]), every other tensor whole under its
+/// llama.cpp name: the placement of GPT-2, GPT-NeoX and (outside its fused MLP) Phi-3.
+pub fn fused_qkv_or_whole(spec: &ModelSpec, tensor: &TensorSpec) -> Option<GgufTensor> {
+    split_layer(&tensor.name)
+        .and_then(|(layer, suffix)| fused_qkv(layer, suffix, spec.q_dim(), spec.kv_dim()))
+        .or_else(|| whole(&tensor.name))
 }

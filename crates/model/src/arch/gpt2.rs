@@ -209,10 +209,6 @@ impl Family for Gpt2 {
     /// The converter transposes GPT-2's `Conv1D` weights to `[out, in]`, so only `c_attn` stays special: the
     /// fused `attn_qkv` (`[q; k; v]` rows).
     fn gguf_tensor(&self, spec: &ModelSpec, tensor: &TensorSpec) -> Option<GgufTensor> {
-        split_layer(&tensor.name)
-            .and_then(|(layer, suffix)| {
-                gguf_names::fused_qkv(layer, suffix, spec.q_dim(), spec.kv_dim())
-            })
-            .or_else(|| gguf_names::whole(&tensor.name))
+        gguf_names::fused_qkv_or_whole(spec, tensor)
     }
 }

@@ -236,10 +236,6 @@ impl Family for GptNeoX {
 
     /// The converter de-interleaves `query_key_value` (`[head][q, k, v][dim]` rows) into `[q; k; v]`.
     fn gguf_tensor(&self, spec: &ModelSpec, tensor: &TensorSpec) -> Option<GgufTensor> {
-        split_layer(&tensor.name)
-            .and_then(|(layer, suffix)| {
-                gguf_names::fused_qkv(layer, suffix, spec.q_dim(), spec.kv_dim())
-            })
-            .or_else(|| gguf_names::whole(&tensor.name))
+        gguf_names::fused_qkv_or_whole(spec, tensor)
     }
 }

@@ -125,8 +125,7 @@ impl Family for Phi3 {
                 format!("blk.{layer}.ffn_up.weight"),
                 ff..2 * ff,
             )),
-            _ => gguf_names::fused_qkv(layer, suffix, spec.q_dim(), spec.kv_dim())
-                .or_else(|| gguf_names::whole(&tensor.name)),
+            _ => gguf_names::fused_qkv_or_whole(spec, tensor),
         }
     }
 }

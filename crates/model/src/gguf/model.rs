@@ -26,7 +26,11 @@ pub fn is_gguf(path: &Path) -> bool {
 /// The family of a GGUF file, from `general.architecture`; an architecture ember does not read is an error
 /// listing the ones it does.
 pub fn family(file: &GgufFile) -> Result<&'static dyn Family, GgufError> {
-    let arch = file.require_str("general.architecture")?;
+    family_of(file, file.require_str("general.architecture")?)
+}
+
+/// The family registered for GGUF architecture `arch` of `file`.
+fn family_of(file: &GgufFile, arch: &str) -> Result<&'static dyn Family, GgufError> {
     arch::gguf_family(arch).ok_or_else(|| {
         file.metadata_error(
             "general.architecture",
@@ -39,8 +43,8 @@ pub fn family(file: &GgufFile) -> Result<&'static dyn Family, GgufError> {
 /// The family and [`ModelSpec`] of a GGUF file, validated like any Hugging Face config. Reads metadata and tensor
 /// infos only, never tensor data.
 pub fn model_spec(file: &GgufFile) -> crate::Result<(&'static dyn Family, ModelSpec)> {
-    let family = family(file)?;
     let arch = file.require_str("general.architecture")?;
+    let family = family_of(file, arch)?;
     let config = family.gguf_config(&GgufHparams::new(file, arch))?;
     let (_, spec) = arch::parse_config_value(&config, file.path())?;
     Ok((family, spec))

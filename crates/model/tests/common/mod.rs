@@ -110,6 +110,26 @@ pub fn argmax(row: &[f32]) -> u32 {
     best as u32
 }
 
+/// Greedy decoding of `steps` tokens after `prompt`, token by token through a contiguous KV cache.
+pub fn greedy(model: &ember_model::Transformer<B>, prompt: &[u32], steps: usize) -> Vec<u32> {
+    let vocab = model.spec().vocab_size;
+    let mut cache = ember_attention::ContiguousKvCache::<B>::new(model.spec().num_layers);
+    let mut input = prompt.to_vec();
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        let step = ember_model::Step {
+            cache: Some(&mut cache),
+            ..ember_model::Step::default()
+        };
+        let logits = model.forward_with(tokens(&input), step).unwrap();
+        let values = logits.into_data().into_vec::<f32>().unwrap();
+        let next = argmax(&values[values.len() - vocab..]);
+        out.push(next);
+        input = vec![next];
+    }
+    out
+}
+
 /// A random LLaMA-style model for the quantization tests (vocab 128, hidden 64, 2 layers, 4/2 heads, MLP 96,
 /// context 64; std 0.3), optionally with a tied head and attention biases, from `seed`.
 pub fn small_llama(seed: u64, tied: bool, biases: bool) -> ember_model::Transformer<B> {
