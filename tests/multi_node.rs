@@ -14,13 +14,28 @@ fn ember() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ember"))
 }
 
-/// A port nothing listens on right now (the OS picks it; the listener is closed before it is used).
+/// A port nothing listens on right now, below the kernel's ephemeral range. A port the OS hands out for `:0` is
+/// free only until the listener closes: before the `ember` process binds it, any outgoing connection on the machine
+/// (the other trials' nodes dialling their orchestrators) may be given the same ephemeral port, and the node then
+/// dies on start (CI saw that once in the three-pair test). Below the ephemeral range only explicit binds compete;
+/// a process-wide counter keeps this binary's tests apart, the pid keeps concurrent test binaries apart, and the
+/// bind check skips ports some other program holds.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    let (low, span) = (10_000u32, ephemeral_low.saturating_sub(10_000).max(1000));
+    let base = std::process::id() % span;
+    for _ in 0..span {
+        let port = (low + (base + NEXT.fetch_add(1, Ordering::Relaxed)) % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {low}..{}", low + span);
 }
 
 /// Kills the child when dropped, so a failed assertion leaves no process behind.
@@ -183,24 +198,31 @@ fn two_machines(dir: &Path, max_steps: usize) -> (Reaped, Vec<(Reaped, std::path
     (orchestrator, runs)
 }
 
-/// Waits until the run in `run` (trained by `child`) has logged `steps` training steps: an event, not a time. The
-/// deadline only bounds a hang (a busy 2-core machine can take a minute to start two processes and register them),
-/// and a child that exits first fails at once with what it printed.
-fn wait_for_steps(child: &mut Reaped, run: &Path, steps: usize) {
-    let metrics = run.join("metrics.jsonl");
+/// Waits until the first run of `runs` has logged `steps` training steps: an event, not a time. The deadline only
+/// bounds a hang (a busy 2-core machine can take a minute to start two processes and register them), and a run that
+/// exits first fails at once with what every run printed (the cause is often the other machine's).
+fn wait_for_steps(runs: &mut [(Reaped, std::path::PathBuf)], steps: usize) {
+    let metrics = runs[0].1.join("metrics.jsonl");
     let start = Instant::now();
     while std::fs::read_to_string(&metrics).map_or(0, |m| m.lines().count()) < steps {
-        if child.0.try_wait().unwrap().is_some() {
-            let err = finish(child, Duration::ZERO).err().unwrap_or_default();
+        if runs[0].0.0.try_wait().unwrap().is_some() {
+            let printed: Vec<String> = runs
+                .iter_mut()
+                .map(|(child, run)| {
+                    let err = finish(child, Duration::ZERO).err().unwrap_or_default();
+                    format!("{}: {err}", run.display())
+                })
+                .collect();
             panic!(
-                "{} exited before logging {steps} steps: {err}",
-                run.display()
+                "{} exited before logging {steps} steps:\n{}",
+                runs[0].1.display(),
+                printed.join("\n")
             );
         }
         assert!(
             start.elapsed() < Duration::from_secs(600),
             "{} logged fewer than {steps} steps in 600 s",
-            run.display()
+            runs[0].1.display()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -277,8 +299,7 @@ fn interrupting_one_machine_stops_both_at_the_same_step() {
     let dir = tempfile::tempdir().unwrap();
     let max_steps = 100_000;
     let (_orchestrator, mut runs) = two_machines(dir.path(), max_steps);
-    let (child, run) = &mut runs[0];
-    wait_for_steps(child, run, 3);
+    wait_for_steps(&mut runs, 3);
     let status = Command::new("kill")
         .args(["-INT", &runs[0].0.0.id().to_string()])
         .status()
@@ -316,8 +337,7 @@ fn a_machine_that_dies_makes_the_other_stop_with_a_clear_error() {
             std::thread::spawn(|| {
                 let dir = tempfile::tempdir().unwrap();
                 let (_orchestrator, mut runs) = two_machines(dir.path(), 100_000);
-                let (child, run) = &mut runs[0];
-                wait_for_steps(child, run, 3);
+                wait_for_steps(&mut runs, 3);
                 runs[0].0.0.kill().unwrap();
                 let killed = Instant::now();
                 let (survivor, _) = &mut runs[1];
