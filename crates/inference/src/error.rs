@@ -67,6 +67,17 @@ pub enum InferenceError {
         /// What went wrong.
         message: String,
     },
+    /// A request needs more KV cache than the whole pool holds, so it could never run.
+    #[error(
+        "the request needs {needed} positions of KV cache (its prompt plus max tokens) but the pool holds {capacity}; \
+         lower the token limit or give the pool a larger budget"
+    )]
+    KvBudget {
+        /// Positions the request may hold.
+        needed: usize,
+        /// Positions the pool holds.
+        capacity: usize,
+    },
     /// A chat template failed to parse or render.
     #[error("chat template: {0}")]
     Template(String),

@@ -5,12 +5,12 @@
 
 use std::time::{Duration, Instant};
 
-use ember_tokenizer::{StreamDecoder, Tokenizer};
+use ember_tokenizer::Tokenizer;
 
 use crate::error::InferenceError;
 use crate::model::Decoder;
 use crate::sampling::{Sampler, SamplingConfig};
-use crate::stop::StopMatcher;
+use crate::row::Row;
 
 /// What to generate and when to stop.
 #[derive(Clone, Debug, PartialEq)]
@@ -172,73 +172,6 @@ fn fit_prompt(
     Ok(prompt[prompt.len() - keep..].to_vec())
 }
 
-/// One row's decoding state.
-struct Row<'a> {
-    sampler: &'a mut Sampler,
-    history: Vec<u32>,
-    prompt_ids: Vec<u32>,
-    ids: Vec<u32>,
-    text: String,
-    decoder: Option<StreamDecoder<'a>>,
-    stops: StopMatcher,
-    finish: Option<FinishReason>,
-    first_token_at: Option<Instant>,
-    last_token_at: Option<Instant>,
-}
-
-impl Row<'_> {
-    /// Records generated token `id` and decides whether the row is done.
-    fn accept(
-        &mut self,
-        row: usize,
-        id: u32,
-        config: &GenerationConfig,
-        on_text: &mut dyn FnMut(usize, &str),
-    ) -> Result<(), InferenceError> {
-        let now = Instant::now();
-        self.first_token_at.get_or_insert(now);
-        self.last_token_at = Some(now);
-        self.ids.push(id);
-        self.history.push(id);
-        if config.eos.contains(&id) {
-            self.finish = Some(FinishReason::Eos);
-            self.flush(row, on_text);
-            return Ok(());
-        }
-        if let Some(decoder) = &mut self.decoder {
-            let piece = decoder.push(id)?;
-            let step = self.stops.push(&piece);
-            self.emit(row, &step.emit, on_text);
-            if step.stopped {
-                self.finish = Some(FinishReason::Stop);
-                return Ok(());
-            }
-        }
-        if self.ids.len() >= config.max_new_tokens {
-            self.finish = Some(FinishReason::Length);
-            self.flush(row, on_text);
-        }
-        Ok(())
-    }
-
-    fn emit(&mut self, row: usize, piece: &str, on_text: &mut dyn FnMut(usize, &str)) {
-        if !piece.is_empty() {
-            self.text.push_str(piece);
-            on_text(row, piece);
-        }
-    }
-
-    /// Releases text held back by the UTF-8 decoder and the stop matcher once the row is finished.
-    fn flush(&mut self, row: usize, on_text: &mut dyn FnMut(usize, &str)) {
-        if let Some(decoder) = self.decoder.take() {
-            let tail = decoder.finish();
-            let mut rest = self.stops.push(&tail).emit;
-            rest.push_str(&self.stops.finish());
-            self.emit(row, &rest, on_text);
-        }
-    }
-}
-
 /// The loop shared by batch generation and conversations: `feed` (per row) is run over `state`, then tokens are
 /// sampled until every row is finished. `histories` (what penalties look at) already include `feed`.
 #[allow(clippy::too_many_arguments)]
@@ -253,22 +186,10 @@ pub(crate) fn run<M: Decoder>(
     on_text: &mut dyn FnMut(usize, &str),
 ) -> Result<Vec<Generation>, InferenceError> {
     let start = Instant::now();
-    let mut rows: Vec<Row> = samplers
-        .iter_mut()
-        .zip(histories)
+    let mut rows: Vec<Row> = histories
+        .into_iter()
         .zip(&feed)
-        .map(|((sampler, history), prompt)| Row {
-            sampler,
-            history,
-            prompt_ids: prompt.clone(),
-            ids: Vec::new(),
-            text: String::new(),
-            decoder: tokenizer.map(StreamDecoder::new),
-            stops: StopMatcher::new(config.stop.iter().cloned()),
-            finish: (config.max_new_tokens == 0).then_some(FinishReason::Length),
-            first_token_at: None,
-            last_token_at: None,
-        })
+        .map(|(history, prompt)| Row::new(prompt.clone(), history, tokenizer, config))
         .collect();
 
     // Left padding: every row ends at the same position, so the last column is every row's newest token.
@@ -295,11 +216,10 @@ pub(crate) fn run<M: Decoder>(
         let full = model.state_len(state) >= model.context_length();
         for (&b, logits) in active.iter().zip(&logits) {
             let row = &mut rows[b];
-            let id = row.sampler.sample(logits, &row.history);
-            row.accept(b, id, config, on_text)?;
+            let id = samplers[b].sample(logits, &row.history);
+            row.accept(id, config, &mut |piece| on_text(b, piece))?;
             if row.finish.is_none() && full {
-                row.finish = Some(FinishReason::Length);
-                row.flush(b, on_text);
+                row.finish(FinishReason::Length, &mut |piece| on_text(b, piece));
             }
         }
         let kept: Vec<usize> = (0..active.len())

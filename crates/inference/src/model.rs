@@ -1,6 +1,9 @@
 //! The interface generation needs from a model: run a batch of new tokens over a KV cache, return the logits of
 //! each row's last position.
 
+use burn::tensor::backend::Backend;
+use ember_optimization::{PagedKvPool, SeqId};
+
 use crate::error::InferenceError;
 
 /// A causal language model that runs incrementally over a batch, its KV cache kept in [`Decoder::State`].
@@ -38,4 +41,35 @@ pub trait Decoder {
     fn cache_bytes(&self, _state: &Self::State) -> usize {
         0
     }
+}
+
+/// A causal language model whose KV cache lives in one shared [`PagedKvPool`] of sequences: what continuous
+/// batching needs, since a request joins and leaves the running batch between steps and may start from a prefix
+/// another sequence already holds ([`PagedKvPool::fork`] + [`PagedKvPool::truncate`]).
+pub trait PooledDecoder {
+    /// The backend the pool's storage lives on.
+    type Backend: Backend;
+
+    /// The number of positions the model can attend over (prompt plus generated tokens).
+    fn context_length(&self) -> usize;
+
+    /// Token ids are below this.
+    fn vocab_size(&self) -> usize;
+
+    /// An empty pool of `block_size`-position blocks holding at most `budget_bytes` of K/V (its storage grows on
+    /// demand up to that).
+    fn new_pool(
+        &self,
+        block_size: usize,
+        budget_bytes: usize,
+    ) -> Result<PagedKvPool<Self::Backend>, InferenceError>;
+
+    /// Appends `tokens[i]` to sequence `seqs[i]` of `pool` (every row the same length, no padding; the rows may
+    /// hold different numbers of positions) and returns each row's next-token logits, `[rows][vocab]`.
+    fn step_pooled(
+        &self,
+        pool: &mut PagedKvPool<Self::Backend>,
+        seqs: &[SeqId],
+        tokens: &[Vec<u32>],
+    ) -> Result<Vec<Vec<f32>>, InferenceError>;
 }

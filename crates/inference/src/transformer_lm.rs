@@ -7,7 +7,7 @@ use ember_model::{EmberBackend, ModelError, Step, Transformer};
 use ember_optimization::{PagedKvConfig, PagedKvPool, SeqId};
 
 use crate::error::InferenceError;
-use crate::model::Decoder;
+use crate::model::{Decoder, PooledDecoder};
 
 /// Where a batch keeps its keys and values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -245,13 +245,7 @@ impl<B: EmberBackend> Decoder for TransformerLm<B> {
                 padding,
             )?,
         };
-        let [_, vocab] = logits.dims();
-        let last: Vec<f32> = logits
-            .into_data()
-            .convert::<f32>()
-            .into_vec()
-            .map_err(|e| InferenceError::Backend(format!("reading the logits back: {e:?}")))?;
-        Ok(last.chunks(vocab).map(<[f32]>::to_vec).collect())
+        logit_rows(logits)
     }
 
     fn retain_rows(&self, state: &mut Self::State, rows: &[usize]) -> Result<(), InferenceError> {
@@ -291,6 +285,72 @@ impl<B: EmberBackend> Decoder for TransformerLm<B> {
             Cache::Paged { pool, .. } => pool.allocated_bytes(),
         }
     }
+}
+
+impl<B: EmberBackend> PooledDecoder for TransformerLm<B> {
+    type Backend = B;
+
+    fn context_length(&self) -> usize {
+        self.model.spec().context_length
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.model.spec().vocab_size
+    }
+
+    fn new_pool(
+        &self,
+        block_size: usize,
+        budget_bytes: usize,
+    ) -> Result<PagedKvPool<B>, InferenceError> {
+        self.paged_pool(1, block_size, Some(budget_bytes))
+    }
+
+    fn step_pooled(
+        &self,
+        pool: &mut PagedKvPool<B>,
+        seqs: &[SeqId],
+        tokens: &[Vec<u32>],
+    ) -> Result<Vec<Vec<f32>>, InferenceError> {
+        let seq = tokens.first().map_or(0, Vec::len);
+        if tokens.len() != seqs.len() || tokens.iter().any(|t| t.len() != seq) || seq == 0 {
+            return Err(InferenceError::InvalidBatch(format!(
+                "{} sequences and {} token rows: expected one non-empty row per sequence, all the same length",
+                seqs.len(),
+                tokens.len()
+            )));
+        }
+        let flat: Vec<u32> = tokens.iter().flatten().copied().collect();
+        self.model.check_tokens(&flat)?;
+        let mut next_position = seqs
+            .iter()
+            .map(|&s| pool.seq_len(s).map(|len| len as i64))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(kv_cache_error)?;
+        let ids = token_tensor::<B>(tokens, &self.device);
+        let padding = vec![vec![false; seq]; seqs.len()];
+        let logits = step_paged(
+            &self.model,
+            &self.device,
+            pool,
+            seqs,
+            &mut next_position,
+            ids,
+            &padding,
+        )?;
+        logit_rows(logits)
+    }
+}
+
+/// `[batch, vocab]` logits as one vector per row.
+fn logit_rows<B: EmberBackend>(logits: Tensor<B, 2>) -> Result<Vec<Vec<f32>>, InferenceError> {
+    let [_, vocab] = logits.dims();
+    let last: Vec<f32> = logits
+        .into_data()
+        .convert::<f32>()
+        .into_vec()
+        .map_err(|e| InferenceError::Backend(format!("reading the logits back: {e:?}")))?;
+    Ok(last.chunks(vocab).map(<[f32]>::to_vec).collect())
 }
 
 /// One step over the contiguous cache: every row holds the same number of positions, padding included.

@@ -1,0 +1,359 @@
+//! Continuous batching: requests that join and leave a running batch, share cached prefixes, are preempted by a
+//! full pool or cancelled by their client produce what each produces run alone, and free their blocks.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use common::tiny;
+use ember_inference::sampling::SamplingConfig;
+use ember_inference::{
+    Completion, FinishReason, GenerationConfig, InferenceError, KvCacheKind, Request, RequestSink,
+    Scheduler, SchedulerConfig, generate,
+};
+
+/// One position of the tiny model's cache: 2 layers x 2 KV heads x (8 + 8) f32.
+const TOKEN_BYTES: usize = 256;
+
+/// What a request's sink received.
+#[derive(Default)]
+struct Received {
+    tokens: Vec<u32>,
+    result: Option<Result<Completion, InferenceError>>,
+    finishes: usize,
+}
+
+struct Sink {
+    received: Arc<Mutex<Received>>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl RequestSink for Sink {
+    fn token(&mut self, id: u32, _text: &str) {
+        self.received.lock().unwrap().tokens.push(id);
+    }
+
+    fn finish(&mut self, result: Result<Completion, InferenceError>) {
+        let mut r = self.received.lock().unwrap();
+        r.finishes += 1;
+        r.result = Some(result);
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed)
+    }
+}
+
+struct Handle {
+    received: Arc<Mutex<Received>>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl Handle {
+    fn completion(&self) -> Completion {
+        let r = self.received.lock().unwrap();
+        assert_eq!(r.finishes, 1, "finish must be called exactly once");
+        match r.result.as_ref().expect("the request has not finished") {
+            Ok(c) => {
+                assert_eq!(c.ids, r.tokens, "streamed tokens differ from the completion's");
+                c.clone()
+            }
+            Err(e) => panic!("the request failed: {e}"),
+        }
+    }
+
+    fn error(&self) -> String {
+        let r = self.received.lock().unwrap();
+        match r.result.as_ref() {
+            Some(Err(e)) => e.to_string(),
+            other => panic!("expected an error, got {:?}", other.map(|r| r.as_ref().ok())),
+        }
+    }
+}
+
+fn submit<M: ember_inference::PooledDecoder>(
+    scheduler: &mut Scheduler<'_, M>,
+    prompt: &[u32],
+    max_new_tokens: usize,
+) -> Handle {
+    let request = Request {
+        prompt: prompt.to_vec(),
+        config: greedy(max_new_tokens),
+        top_logprobs: Some(3),
+    };
+    let received = Arc::new(Mutex::new(Received::default()));
+    let cancel = Arc::new(AtomicBool::new(false));
+    scheduler.submit(
+        request,
+        Box::new(Sink {
+            received: received.clone(),
+            cancel: cancel.clone(),
+        }),
+    );
+    Handle { received, cancel }
+}
+
+fn greedy(max_new_tokens: usize) -> GenerationConfig {
+    GenerationConfig {
+        max_new_tokens,
+        sampling: SamplingConfig::greedy(),
+        ..GenerationConfig::default()
+    }
+}
+
+fn config(max_batch: usize, block_size: usize, capacity_tokens: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        max_batch,
+        prefill_chunk: 5,
+        block_size,
+        kv_budget_bytes: capacity_tokens * TOKEN_BYTES,
+        max_cached_prefixes: 8,
+    }
+}
+
+fn run_to_end<M: ember_inference::PooledDecoder>(scheduler: &mut Scheduler<'_, M>) {
+    for _ in 0..10_000 {
+        if scheduler.is_idle() {
+            return;
+        }
+        scheduler.step();
+    }
+    panic!("the scheduler did not finish its requests");
+}
+
+/// The request run alone by batch generation over a contiguous cache: the oracle.
+fn alone(prompt: &[u32], max_new_tokens: usize) -> (Vec<u32>, FinishReason) {
+    let lm = tiny(KvCacheKind::Contiguous);
+    let mut out = generate(
+        &lm,
+        None,
+        &[prompt.to_vec()],
+        &greedy(max_new_tokens),
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let g = out.remove(0);
+    (g.ids, g.finish_reason)
+}
+
+fn prompts() -> Vec<(Vec<u32>, usize)> {
+    vec![
+        ((1..12).collect(), 9),
+        (vec![40], 14),
+        ((20..27).collect(), 3),
+        ((50..62).rev().collect(), 12),
+        // 40 prompt tokens in a 48-position context: ends by length at the context, not at 100 tokens.
+        ((0..40).map(|i| (i * 7 + 3) % 96).collect(), 100),
+        (vec![5, 5, 5, 5], 1),
+    ]
+}
+
+/// Greedy ids must be equal, not close: the batched step and a lone contiguous step differ only in summation
+/// order (f32, a few ulps on logits of magnitude ~10), and the tiny model's std-0.3 weights keep its top-2 logit
+/// gaps far above that, so a flip here means a wrong position, mask or block.
+#[test]
+fn requests_joining_and_leaving_a_running_batch_equal_each_run_alone() {
+    let lm = tiny(KvCacheKind::paged());
+    let mut scheduler = Scheduler::new(&lm, None, config(4, 4, 48 * 8)).unwrap();
+    let prompts = prompts();
+    let mut handles = Vec::new();
+    // Half arrive at once (more than the batch holds: some wait), the rest while the first decode.
+    for (prompt, max_new) in &prompts[..3] {
+        handles.push(submit(&mut scheduler, prompt, *max_new));
+    }
+    for _ in 0..4 {
+        scheduler.step();
+    }
+    for (prompt, max_new) in &prompts[3..] {
+        handles.push(submit(&mut scheduler, prompt, *max_new));
+        scheduler.step();
+    }
+    run_to_end(&mut scheduler);
+    for ((prompt, max_new), handle) in prompts.iter().zip(&handles) {
+        let got = handle.completion();
+        let (ids, finish) = alone(prompt, *max_new);
+        assert_eq!(got.ids, ids, "prompt {prompt:?}");
+        assert_eq!(got.finish_reason, finish, "prompt {prompt:?}");
+        assert_eq!(got.prompt_tokens, prompt.len());
+        let logprobs = got.logprobs.expect("logprobs were asked for");
+        assert_eq!(logprobs.len(), ids.len());
+        for lp in logprobs {
+            // Greedy picks the most likely token, so it heads its own top list.
+            assert_eq!(lp.top.len(), 3);
+            assert_eq!(lp.top[0].0, lp.id);
+            assert!(lp.logprob <= 0.0 && lp.logprob == lp.top[0].1);
+            assert!(lp.top[1].1 <= lp.top[0].1 && lp.top[2].1 <= lp.top[1].1);
+        }
+    }
+    let (_, finish) = alone(&prompts[4].0, 100);
+    assert_eq!(finish, FinishReason::Length);
+    let stats = scheduler.stats();
+    assert_eq!((stats.finished, stats.failed, stats.preemptions), (6, 0, 0));
+    assert!(stats.last_batch <= 4);
+    // Nothing runs, so only cached prefixes hold blocks.
+    assert_eq!(stats.running, 0);
+    assert!(stats.cached_prefixes > 0 && stats.used_blocks > 0);
+}
+
+#[test]
+fn a_repeated_system_prompt_is_prefilled_once_with_identical_output() {
+    let lm = tiny(KvCacheKind::paged());
+    let system: Vec<u32> = (0..20).map(|i| (i * 5 + 1) % 96).collect();
+    let first = [system.clone(), vec![70, 71, 72]].concat();
+    let second = [system.clone(), vec![80, 81]].concat();
+
+    let mut scheduler = Scheduler::new(&lm, None, config(4, 4, 48 * 8)).unwrap();
+    submit(&mut scheduler, &first, 6);
+    run_to_end(&mut scheduler);
+    let before = scheduler.stats();
+    let handle = submit(&mut scheduler, &second, 6);
+    run_to_end(&mut scheduler);
+    let after = scheduler.stats();
+    let got = handle.completion();
+    // 20 shared tokens (five whole 4-position blocks): only the two new prompt tokens run.
+    assert_eq!(got.cached_tokens, system.len());
+    assert_eq!(after.prefilled_tokens - before.prefilled_tokens, 2);
+    assert_eq!(after.cached_prompt_tokens - before.cached_prompt_tokens, 20);
+
+    // Without the cache the same request runs all 22 tokens and says the same.
+    let mut cold = Scheduler::new(
+        &lm,
+        None,
+        SchedulerConfig {
+            max_cached_prefixes: 0,
+            ..config(4, 4, 48 * 8)
+        },
+    )
+    .unwrap();
+    let cold_handle = submit(&mut cold, &second, 6);
+    run_to_end(&mut cold);
+    assert_eq!(cold.stats().prefilled_tokens, second.len() as u64);
+    assert_eq!(cold.stats().used_blocks, 0, "no cache, nothing running");
+    assert_eq!(got.ids, cold_handle.completion().ids);
+    assert_eq!(got.ids, alone(&second, 6).0);
+
+    // The whole first conversation is cached too: a follow-up turn reuses prompt and reply.
+    let turn: Vec<u32> = [first.clone(), handle_ids(&mut scheduler, &first)].concat();
+    let before = scheduler.stats();
+    let follow_up = submit(&mut scheduler, &[turn.clone(), vec![90]].concat(), 2);
+    run_to_end(&mut scheduler);
+    assert!(
+        follow_up.completion().cached_tokens >= turn.len() - 1,
+        "the follow-up reran {} tokens",
+        scheduler.stats().prefilled_tokens - before.prefilled_tokens
+    );
+}
+
+/// Runs `prompt` for 6 tokens and returns them (each run is cached, so this also refreshes the entry).
+fn handle_ids<M: ember_inference::PooledDecoder>(
+    scheduler: &mut Scheduler<'_, M>,
+    prompt: &[u32],
+) -> Vec<u32> {
+    let handle = submit(scheduler, prompt, 6);
+    run_to_end(scheduler);
+    handle.completion().ids
+}
+
+#[test]
+fn a_full_pool_preempts_the_newest_request_and_every_output_is_unchanged() {
+    let lm = tiny(KvCacheKind::paged());
+    // 40 positions: each request below needs up to 33, so three running at once outgrow the pool.
+    let mut scheduler = Scheduler::new(
+        &lm,
+        None,
+        SchedulerConfig {
+            max_cached_prefixes: 0,
+            ..config(3, 4, 40)
+        },
+    )
+    .unwrap();
+    let requests: Vec<(Vec<u32>, usize)> = vec![
+        ((1..9).collect(), 25),
+        ((30..38).collect(), 25),
+        ((60..68).collect(), 25),
+    ];
+    let handles: Vec<Handle> = requests
+        .iter()
+        .map(|(p, n)| submit(&mut scheduler, p, *n))
+        .collect();
+    run_to_end(&mut scheduler);
+    let stats = scheduler.stats();
+    assert!(stats.preemptions > 0, "the pool never filled: {stats:?}");
+    assert_eq!((stats.finished, stats.failed), (3, 0));
+    for ((prompt, n), handle) in requests.iter().zip(&handles) {
+        assert_eq!(handle.completion().ids, alone(prompt, *n).0, "prompt {prompt:?}");
+    }
+    assert_eq!(stats.used_blocks, 0);
+}
+
+#[test]
+fn a_cancelled_request_leaves_the_batch_and_frees_its_blocks() {
+    let lm = tiny(KvCacheKind::paged());
+    let mut scheduler = Scheduler::new(
+        &lm,
+        None,
+        SchedulerConfig {
+            max_cached_prefixes: 0,
+            ..config(4, 4, 48 * 8)
+        },
+    )
+    .unwrap();
+    let kept = submit(&mut scheduler, &[1, 2, 3], 20);
+    let gone = submit(&mut scheduler, &(10..30).collect::<Vec<_>>(), 20);
+    for _ in 0..8 {
+        scheduler.step();
+    }
+    let busy = scheduler.stats();
+    assert_eq!(busy.running, 2);
+    gone.cancel.store(true, Ordering::Relaxed);
+    scheduler.step();
+    let stats = scheduler.stats();
+    assert_eq!((stats.running, stats.cancelled), (1, 1));
+    // The cancelled row held at least its 20-token prompt: five blocks of 4 are back.
+    assert!(busy.used_blocks - stats.used_blocks >= 5, "{busy:?} -> {stats:?}");
+    assert_eq!(gone.received.lock().unwrap().finishes, 0);
+    run_to_end(&mut scheduler);
+    assert_eq!(scheduler.stats().used_blocks, 0);
+    assert_eq!(kept.completion().ids, alone(&[1, 2, 3], 20).0);
+}
+
+#[test]
+fn requests_that_cannot_run_fail_at_submission_with_the_reason() {
+    let lm = tiny(KvCacheKind::paged());
+    let mut scheduler = Scheduler::new(&lm, None, config(4, 4, 32)).unwrap();
+    let empty = submit(&mut scheduler, &[], 4);
+    assert!(empty.error().contains("empty"), "{}", empty.error());
+    let long = submit(&mut scheduler, &[1; 48], 4);
+    assert!(long.error().contains("context window holds 48"), "{}", long.error());
+    let vocab = submit(&mut scheduler, &[1, 96], 4);
+    assert!(vocab.error().contains("96"), "{}", vocab.error());
+    // 10 + 29 positions do not fit a 32-position pool, even alone.
+    let big = submit(&mut scheduler, &[1; 10], 30);
+    assert!(big.error().contains("pool holds 32"), "{}", big.error());
+    let received = Arc::new(Mutex::new(Received::default()));
+    scheduler.submit(
+        Request {
+            prompt: vec![1],
+            config: GenerationConfig {
+                sampling: SamplingConfig {
+                    top_p: Some(0.0),
+                    ..SamplingConfig::default()
+                },
+                ..GenerationConfig::default()
+            },
+            top_logprobs: None,
+        },
+        Box::new(Sink {
+            received: received.clone(),
+            cancel: Arc::new(AtomicBool::new(false)),
+        }),
+    );
+    let handle = Handle {
+        received,
+        cancel: Arc::new(AtomicBool::new(false)),
+    };
+    assert!(handle.error().contains("top_p") || handle.error().contains("top-p"), "{}", handle.error());
+    assert!(scheduler.is_idle());
+    assert_eq!(scheduler.stats().failed, 5);
+}
