@@ -14,6 +14,7 @@ pub mod orchestrator;
 pub mod plot;
 pub mod prepare;
 pub mod quantize;
+pub mod serve;
 pub mod tokenize;
 pub mod train;
 pub mod train_tokenizer;
@@ -87,6 +88,8 @@ pub enum Command {
     Plot(plot::Args),
     /// Run the rendezvous of a multi-machine data-parallel run (`training.nodes`).
     Orchestrator(orchestrator::Args),
+    /// Serve a model over an OpenAI-compatible HTTP API with continuous batching.
+    Serve(serve::Args),
 }
 
 /// Runs the chosen subcommand.
@@ -125,5 +128,6 @@ pub fn run(command: Command, ctx: &Context) -> anyhow::Result<()> {
         Command::Info(args) => info::run(args, ctx),
         Command::Plot(args) => plot::run(args, ctx),
         Command::Orchestrator(args) => orchestrator::run(args, ctx),
+        Command::Serve(args) => serve::run(args, ctx),
     }
 }

@@ -9,8 +9,8 @@ use ember_tokenizer::Tokenizer;
 
 use crate::error::InferenceError;
 use crate::model::Decoder;
-use crate::sampling::{Sampler, SamplingConfig};
 use crate::row::Row;
+use crate::sampling::{Sampler, SamplingConfig};
 
 /// What to generate and when to stop.
 #[derive(Clone, Debug, PartialEq)]

@@ -56,7 +56,10 @@ impl Handle {
         assert_eq!(r.finishes, 1, "finish must be called exactly once");
         match r.result.as_ref().expect("the request has not finished") {
             Ok(c) => {
-                assert_eq!(c.ids, r.tokens, "streamed tokens differ from the completion's");
+                assert_eq!(
+                    c.ids, r.tokens,
+                    "streamed tokens differ from the completion's"
+                );
                 c.clone()
             }
             Err(e) => panic!("the request failed: {e}"),
@@ -67,7 +70,10 @@ impl Handle {
         let r = self.received.lock().unwrap();
         match r.result.as_ref() {
             Some(Err(e)) => e.to_string(),
-            other => panic!("expected an error, got {:?}", other.map(|r| r.as_ref().ok())),
+            other => panic!(
+                "expected an error, got {:?}",
+                other.map(|r| r.as_ref().ok())
+            ),
         }
     }
 }
@@ -282,7 +288,11 @@ fn a_full_pool_preempts_the_newest_request_and_every_output_is_unchanged() {
     assert!(stats.preemptions > 0, "the pool never filled: {stats:?}");
     assert_eq!((stats.finished, stats.failed), (3, 0));
     for ((prompt, n), handle) in requests.iter().zip(&handles) {
-        assert_eq!(handle.completion().ids, alone(prompt, *n).0, "prompt {prompt:?}");
+        assert_eq!(
+            handle.completion().ids,
+            alone(prompt, *n).0,
+            "prompt {prompt:?}"
+        );
     }
     assert_eq!(stats.used_blocks, 0);
 }
@@ -311,7 +321,10 @@ fn a_cancelled_request_leaves_the_batch_and_frees_its_blocks() {
     let stats = scheduler.stats();
     assert_eq!((stats.running, stats.cancelled), (1, 1));
     // The cancelled row held at least its 20-token prompt: five blocks of 4 are back.
-    assert!(busy.used_blocks - stats.used_blocks >= 5, "{busy:?} -> {stats:?}");
+    assert!(
+        busy.used_blocks - stats.used_blocks >= 5,
+        "{busy:?} -> {stats:?}"
+    );
     assert_eq!(gone.received.lock().unwrap().finishes, 0);
     run_to_end(&mut scheduler);
     assert_eq!(scheduler.stats().used_blocks, 0);
@@ -325,7 +338,11 @@ fn requests_that_cannot_run_fail_at_submission_with_the_reason() {
     let empty = submit(&mut scheduler, &[], 4);
     assert!(empty.error().contains("empty"), "{}", empty.error());
     let long = submit(&mut scheduler, &[1; 48], 4);
-    assert!(long.error().contains("context window holds 48"), "{}", long.error());
+    assert!(
+        long.error().contains("context window holds 48"),
+        "{}",
+        long.error()
+    );
     let vocab = submit(&mut scheduler, &[1, 96], 4);
     assert!(vocab.error().contains("96"), "{}", vocab.error());
     // 10 + 29 positions do not fit a 32-position pool, even alone.
@@ -353,7 +370,11 @@ fn requests_that_cannot_run_fail_at_submission_with_the_reason() {
         received,
         cancel: Arc::new(AtomicBool::new(false)),
     };
-    assert!(handle.error().contains("top_p") || handle.error().contains("top-p"), "{}", handle.error());
+    assert!(
+        handle.error().contains("top_p") || handle.error().contains("top-p"),
+        "{}",
+        handle.error()
+    );
     assert!(scheduler.is_idle());
     assert_eq!(scheduler.stats().failed, 5);
 }

@@ -209,7 +209,11 @@ impl<'m, M: PooledDecoder> Scheduler<'m, M> {
             });
         }
         let vocab_size = self.model.vocab_size();
-        if let Some(position) = request.prompt.iter().position(|&id| id as usize >= vocab_size) {
+        if let Some(position) = request
+            .prompt
+            .iter()
+            .position(|&id| id as usize >= vocab_size)
+        {
             return Err(InferenceError::Model(ModelError::TokenOutOfRange {
                 id: request.prompt[position],
                 position,
@@ -294,10 +298,8 @@ impl<'m, M: PooledDecoder> Scheduler<'m, M> {
             *queue = keep;
             gone.extend(cancelled);
         }
-        let (keep, cancelled): (Vec<_>, Vec<_>) = self
-            .decoding
-            .drain(..)
-            .partition(|l| !l.sink.cancelled());
+        let (keep, cancelled): (Vec<_>, Vec<_>) =
+            self.decoding.drain(..).partition(|l| !l.sink.cancelled());
         self.decoding = keep;
         gone.extend(cancelled);
         for live in gone {
@@ -506,7 +508,7 @@ impl<'m, M: PooledDecoder> Scheduler<'m, M> {
     fn needs_block(&self, seq: SeqId) -> usize {
         let blocks = self.pool.blocks();
         let len = blocks.seq_len(seq).unwrap_or(0);
-        if len % self.config.block_size == 0 {
+        if len.is_multiple_of(self.config.block_size) {
             return 1;
         }
         let shared = blocks
@@ -564,7 +566,9 @@ impl<'m, M: PooledDecoder> Scheduler<'m, M> {
             ids: std::mem::take(&mut live.row.ids),
             text: std::mem::take(&mut live.row.text),
             finish_reason: live.row.finish.unwrap_or(FinishReason::Length),
-            logprobs: live.top_logprobs.map(|_| std::mem::take(&mut live.logprobs)),
+            logprobs: live
+                .top_logprobs
+                .map(|_| std::mem::take(&mut live.logprobs)),
             time_to_first_token: first.saturating_duration_since(live.submitted),
             preemptions: live.preemptions,
         };

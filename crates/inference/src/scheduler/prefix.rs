@@ -170,7 +170,10 @@ mod tests {
         let prompt: Vec<u32> = (0..9).chain([99, 98]).collect();
         assert_eq!(cache.lookup(&prompt), Some((SeqId(1), 9)));
         // The whole prompt cached: its last token still runs.
-        assert_eq!(cache.lookup(&(0..8).collect::<Vec<_>>()), Some((SeqId(1), 7)));
+        assert_eq!(
+            cache.lookup(&(0..8).collect::<Vec<_>>()),
+            Some((SeqId(1), 7))
+        );
         // Less than a full block in common: nothing to reuse by hash.
         assert_eq!(cache.lookup(&[0, 1, 2, 7, 7]), None);
         assert_eq!(cache.lookup(&[5, 1, 2, 3, 4, 5]), None);

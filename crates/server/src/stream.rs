@@ -1,0 +1,138 @@
+//! Streamed responses: server-sent events in OpenAI's chunk format, ending with `data: [DONE]`.
+//!
+//! The stream owns the request's event channel, so a client that disconnects drops it and the scheduler cancels
+//! the request at its next step.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use futures_util::Stream;
+use serde_json::{Value, json};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::engine::Event;
+use crate::error::ApiError;
+use crate::routes::{Endpoint, ResponseMeta, finish_reason, usage};
+
+struct State {
+    meta: ResponseMeta,
+    events: UnboundedReceiver<Event>,
+    pending: Option<Event>,
+    out: VecDeque<SseEvent>,
+    done: bool,
+}
+
+impl State {
+    fn chunk(&self, delta_text: Option<&str>, role: bool, finish: Option<&str>) -> SseEvent {
+        let choice = match self.meta.endpoint {
+            Endpoint::Chat => {
+                let mut delta = serde_json::Map::new();
+                if role {
+                    delta.insert("role".into(), json!("assistant"));
+                }
+                if let Some(text) = delta_text {
+                    delta.insert("content".into(), json!(text));
+                }
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+            }
+            Endpoint::Completion => json!({
+                "index": 0, "text": delta_text.unwrap_or(""), "logprobs": null, "finish_reason": finish,
+            }),
+        };
+        self.data(json!([choice]), None)
+    }
+
+    fn data(&self, choices: Value, usage: Option<Value>) -> SseEvent {
+        let mut body = json!({
+            "id": self.meta.id,
+            "object": match self.meta.endpoint {
+                Endpoint::Chat => "chat.completion.chunk",
+                Endpoint::Completion => "text_completion",
+            },
+            "created": self.meta.created,
+            "model": self.meta.model,
+            "choices": choices,
+        });
+        if let Some(usage) = usage {
+            body["usage"] = usage;
+        }
+        SseEvent::default().data(body.to_string())
+    }
+
+    /// Turns the next event of the request into chunks.
+    fn push(&mut self, event: Option<Event>) {
+        match event {
+            Some(Event::Token { text, .. }) => {
+                if !text.is_empty() {
+                    let chunk = self.chunk(Some(&text), false, None);
+                    self.out.push_back(chunk);
+                }
+            }
+            Some(Event::Done(Ok(c))) => {
+                let last = self.chunk(None, false, Some(finish_reason(c.finish_reason)));
+                self.out.push_back(last);
+                if self.meta.include_usage {
+                    let usage = self.data(json!([]), Some(usage(&c, c.prompt_tokens)));
+                    self.out.push_back(usage);
+                }
+                self.end();
+            }
+            Some(Event::Done(Err(e))) => {
+                let error = ApiError::from_inference(&e, "messages");
+                self.out
+                    .push_back(SseEvent::default().data(error.body().to_string()));
+                self.end();
+            }
+            None => {
+                let error =
+                    ApiError::internal("the model worker failed while running this request");
+                self.out
+                    .push_back(SseEvent::default().data(error.body().to_string()));
+                self.end();
+            }
+        }
+    }
+
+    fn end(&mut self) {
+        self.out.push_back(SseEvent::default().data("[DONE]"));
+        self.done = true;
+    }
+}
+
+/// The event stream of one request whose first event is `first`.
+pub(crate) fn events(
+    meta: ResponseMeta,
+    first: Event,
+    events: UnboundedReceiver<Event>,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    let mut state = State {
+        meta,
+        events,
+        pending: Some(first),
+        out: VecDeque::new(),
+        done: false,
+    };
+    // The first chunk names the role, as OpenAI's do.
+    let opening = match state.meta.endpoint {
+        Endpoint::Chat => state.chunk(Some(""), true, None),
+        Endpoint::Completion => state.chunk(Some(""), false, None),
+    };
+    state.out.push_back(opening);
+    let stream = futures_util::stream::unfold(state, |mut state| async move {
+        loop {
+            if let Some(event) = state.out.pop_front() {
+                return Some((Ok(event), state));
+            }
+            if state.done {
+                return None;
+            }
+            let next = match state.pending.take() {
+                Some(event) => Some(event),
+                None => state.events.recv().await,
+            };
+            state.push(next);
+        }
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}
