@@ -6,6 +6,8 @@ set -euo pipefail
 need=()
 dpkg -s libvulkan1 >/dev/null 2>&1 || need+=(libvulkan1)
 dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || need+=(mesa-vulkan-drivers)
+# A Python venv for the openai client test (scripts/install_python.sh).
+python3 -c "import ensurepip" >/dev/null 2>&1 || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   echo "install_deps: installing ${need[*]}" >&2
   sudo_cmd=()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command of the README: installs what the tests need, fetches the assets the oracle tests compare
+# The test command of the README: installs what the tests need (system packages, the openai client in .venv), fetches the assets the oracle tests compare
 # against (GPT-2 tiktoken ranks, SmolLM2-135M GGUF), then runs every test of the workspace.
 #
 # The wgpu backend is compiled into the libraries' GPU tests (`ember-bench/wgpu`, which enables the model's and
@@ -21,6 +21,7 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp/ember-xdg-$(id -u)}"
 mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
 
 bash scripts/install_deps.sh
+bash scripts/install_python.sh
 bash scripts/fetch_assets.sh
 
 cargo test --workspace --features ember-bench/wgpu "$@"

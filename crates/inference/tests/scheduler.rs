@@ -264,20 +264,22 @@ fn handle_ids<M: ember_inference::PooledDecoder>(
 #[test]
 fn a_full_pool_preempts_the_newest_request_and_every_output_is_unchanged() {
     let lm = tiny(KvCacheKind::paged());
-    // 40 positions: each request below needs up to 33, so three running at once outgrow the pool.
+    // 48 positions, the whole context: three of the requests below run to the end of the context, so any two
+    // running at once outgrow the pool, and one preempted near the end is recomputed up to a full context.
     let mut scheduler = Scheduler::new(
         &lm,
         None,
         SchedulerConfig {
             max_cached_prefixes: 0,
-            ..config(3, 4, 40)
+            ..config(3, 4, 48)
         },
     )
     .unwrap();
     let requests: Vec<(Vec<u32>, usize)> = vec![
         ((1..9).collect(), 25),
-        ((30..38).collect(), 25),
-        ((60..68).collect(), 25),
+        ((30..38).collect(), 100),
+        ((60..68).collect(), 100),
+        ((70..90).collect(), 100),
     ];
     let handles: Vec<Handle> = requests
         .iter()
@@ -286,13 +288,17 @@ fn a_full_pool_preempts_the_newest_request_and_every_output_is_unchanged() {
     run_to_end(&mut scheduler);
     let stats = scheduler.stats();
     assert!(stats.preemptions > 0, "the pool never filled: {stats:?}");
-    assert_eq!((stats.finished, stats.failed), (3, 0));
+    for handle in &handles {
+        if let Some(Err(e)) = &handle.received.lock().unwrap().result {
+            panic!("a request failed: {e}");
+        }
+    }
+    assert_eq!((stats.finished, stats.failed), (4, 0));
     for ((prompt, n), handle) in requests.iter().zip(&handles) {
-        assert_eq!(
-            handle.completion().ids,
-            alone(prompt, *n).0,
-            "prompt {prompt:?}"
-        );
+        let got = handle.completion();
+        let (ids, finish) = alone(prompt, *n);
+        assert_eq!(got.ids, ids, "prompt {prompt:?}");
+        assert_eq!(got.finish_reason, finish, "prompt {prompt:?}");
     }
     assert_eq!(stats.used_blocks, 0);
 }
@@ -377,4 +383,93 @@ fn requests_that_cannot_run_fail_at_submission_with_the_reason() {
     );
     assert!(scheduler.is_idle());
     assert_eq!(scheduler.stats().failed, 5);
+    // Nothing to generate is not an error: an empty completion at once.
+    let nothing = submit(&mut scheduler, &[1, 2], 0);
+    let done = nothing.completion();
+    assert_eq!(
+        (done.ids.len(), done.finish_reason),
+        (0, FinishReason::Length)
+    );
+    assert!(scheduler.is_idle());
+}
+
+/// Random schedules (pool sizes, batch limits, chunk and block sizes, arrival times, cancellations, prefix cache on
+/// or off) over one fixed seed: every request that is not cancelled ends with what it produces alone, and a pool
+/// with nothing running or cached holds no block. Catches bookkeeping slips no hand-written schedule reaches.
+#[test]
+fn random_schedules_keep_every_output_and_leak_no_block() {
+    use rand::{Rng, SeedableRng};
+    let lm = tiny(KvCacheKind::paged());
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    let (mut preemptions, mut hits, mut cancelled) = (0, 0, 0);
+    for trial in 0..12 {
+        let cached = rng.random_bool(0.5);
+        let config = SchedulerConfig {
+            max_batch: rng.random_range(1..6),
+            prefill_chunk: rng.random_range(1..12),
+            block_size: rng.random_range(1..9),
+            kv_budget_bytes: rng.random_range(48..200) * TOKEN_BYTES,
+            max_cached_prefixes: if cached { 4 } else { 0 },
+        };
+        let mut scheduler = Scheduler::new(&lm, None, config.clone()).unwrap();
+        let requests: Vec<(Vec<u32>, usize, bool)> = (0..10)
+            .map(|_| {
+                // A few shared openings, so the prefix cache gets hits.
+                let head: Vec<u32> = (0..rng.random_range(0..12)).map(|i| i * 3 % 96).collect();
+                let tail_len = rng.random_range(1..20);
+                let tail: Vec<u32> = (0..tail_len).map(|_| rng.random_range(0..96)).collect();
+                let prompt = [head, tail].concat();
+                (prompt, rng.random_range(1..40), rng.random_bool(0.2))
+            })
+            .collect();
+        let mut handles = Vec::new();
+        for (prompt, max_new, _) in &requests {
+            handles.push(submit(&mut scheduler, prompt, *max_new));
+            for _ in 0..rng.random_range(0..4) {
+                scheduler.step();
+            }
+        }
+        for ((_, _, cancel), handle) in requests.iter().zip(&handles) {
+            if *cancel {
+                handle.cancel.store(true, Ordering::Relaxed);
+            }
+        }
+        run_to_end(&mut scheduler);
+        for ((prompt, max_new, cancel), handle) in requests.iter().zip(&handles) {
+            let r = handle.received.lock().unwrap();
+            match &r.result {
+                Some(Ok(c)) => {
+                    let (ids, finish) = alone(prompt, *max_new);
+                    assert_eq!(c.ids, ids, "trial {trial} {config:?}: prompt {prompt:?}");
+                    assert_eq!(c.finish_reason, finish);
+                }
+                Some(Err(e)) => {
+                    // Only a request that could never fit may fail: its KV need is over the pool.
+                    assert!(
+                        matches!(
+                            e,
+                            InferenceError::KvBudget { .. } | InferenceError::PromptTooLong { .. }
+                        ),
+                        "trial {trial} {config:?}: {e}"
+                    );
+                }
+                None => assert!(
+                    *cancel,
+                    "trial {trial}: a request neither finished nor was cancelled"
+                ),
+            }
+        }
+        let stats = scheduler.stats();
+        if !cached {
+            assert_eq!(stats.used_blocks, 0, "trial {trial}: {stats:?}");
+        }
+        preemptions += stats.preemptions;
+        hits += stats.cached_prompt_tokens;
+        cancelled += stats.cancelled;
+    }
+    // The schedules reach the paths they are for.
+    assert!(
+        preemptions > 0 && hits > 0 && cancelled > 0,
+        "{preemptions} {hits} {cancelled}"
+    );
 }

@@ -194,7 +194,10 @@ impl Worker {
             while let Ok(job) = self.jobs.try_recv() {
                 self.take(scheduler, job);
             }
-            scheduler.step();
+            if !scheduler.step() {
+                // Requests are held but none could run (waiting for blocks): do not spin a core on it.
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
             if let Ok(mut shared) = self.shared.stats.lock() {
                 *shared = scheduler.stats();
             }

@@ -170,7 +170,7 @@ impl<'m, M: PooledDecoder> Scheduler<'m, M> {
                     top_logprobs,
                 } = request;
                 self.stats.submitted += 1;
-                self.waiting.push_back(Live {
+                let live = Live {
                     sink,
                     row: Row::new(prompt.clone(), prompt.clone(), self.tokenizer, &config),
                     config,
@@ -185,7 +185,13 @@ impl<'m, M: PooledDecoder> Scheduler<'m, M> {
                     admitted_once: false,
                     submitted: Instant::now(),
                     preemptions: 0,
-                });
+                };
+                // Nothing to generate: done without touching the pool.
+                if live.row.finish.is_some() {
+                    self.complete(live);
+                } else {
+                    self.waiting.push_back(live);
+                }
             }
             Err(e) => {
                 self.stats.failed += 1;
@@ -403,6 +409,8 @@ impl<'m, M: PooledDecoder> Scheduler<'m, M> {
                         self.fail(live, e);
                         continue;
                     }
+                    // A request recomputed after preemption may already fill the context.
+                    self.end_if_full(&mut live);
                 }
                 None => {
                     self.fail(live, InferenceError::NoOutput);
@@ -437,7 +445,7 @@ impl<'m, M: PooledDecoder> Scheduler<'m, M> {
             return false;
         }
         // Every row may need a new block (its last is full, or shared and copied on write). Cached prefixes go
-        // first, then the newest rows are preempted, until the rest fit.
+        // first, then partly prefilled requests, then the newest decoding rows are preempted, until the rest fit.
         loop {
             let need: usize = self
                 .decoding
@@ -445,7 +453,16 @@ impl<'m, M: PooledDecoder> Scheduler<'m, M> {
                 .filter_map(|l| l.seq)
                 .map(|seq| self.needs_block(seq))
                 .sum();
-            if self.make_room(need) || self.decoding.len() == 1 {
+            if self.make_room(need) {
+                break;
+            }
+            // Partly prefilled prompts hold blocks without producing tokens: they yield first.
+            if let Some(newest) = self.prefilling.pop_back() {
+                self.preempt(newest);
+                continue;
+            }
+            if self.decoding.len() == 1 {
+                // Cannot happen: a request alone fits the pool (checked at submission).
                 break;
             }
             if let Some(newest) = self.decoding.pop() {
@@ -475,26 +492,13 @@ impl<'m, M: PooledDecoder> Scheduler<'m, M> {
                 return true;
             }
         };
-        let context_length = self.model.context_length();
         let mut rows = std::mem::take(&mut self.decoding).into_iter().zip(logits);
         for (mut live, logits) in rows.by_ref() {
             if let Err(e) = self.sample(&mut live, &logits) {
                 self.fail(live, e);
                 continue;
             }
-            let held = live
-                .seq
-                .and_then(|seq| self.pool.seq_len(seq).ok())
-                .unwrap_or(context_length);
-            if live.row.finish.is_none() && held >= context_length {
-                let mut text = String::new();
-                live.row
-                    .finish(FinishReason::Length, &mut |piece| text.push_str(piece));
-                if !text.is_empty() {
-                    let id = live.row.ids.last().copied().unwrap_or(0);
-                    live.sink.token(id, &text);
-                }
-            }
+            self.end_if_full(&mut live);
             if live.row.finish.is_some() {
                 self.complete(live);
             } else {
@@ -502,6 +506,24 @@ impl<'m, M: PooledDecoder> Scheduler<'m, M> {
             }
         }
         true
+    }
+
+    /// Ends `live` by length once its sequence fills the context: its next token would have no position.
+    fn end_if_full(&mut self, live: &mut Live<'m>) {
+        let context_length = self.model.context_length();
+        let held = live
+            .seq
+            .and_then(|seq| self.pool.seq_len(seq).ok())
+            .unwrap_or(context_length);
+        if live.row.finish.is_none() && held >= context_length {
+            let mut text = String::new();
+            live.row
+                .finish(FinishReason::Length, &mut |piece| text.push_str(piece));
+            if !text.is_empty() {
+                let id = live.row.ids.last().copied().unwrap_or(0);
+                live.sink.token(id, &text);
+            }
+        }
     }
 
     /// Whether `seq`'s next position needs a block it does not own alone.
