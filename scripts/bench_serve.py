@@ -140,7 +140,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=".cache/assets/SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--ember-bin", default="target/release/ember")
-    ap.add_argument("--ember-quantize", default="gguf")
+    ap.add_argument("--ember-quantize", default="gguf", help="ember's --quantize; none: f32 weights")
     ap.add_argument("--clients", default="1,4,8,16")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -154,8 +154,9 @@ def main():
     try:
         port = free_port()
         cmd = [args.ember_bin, "--threads", str(args.threads), "--quiet", "serve", "--model", args.model,
-               "--quantize", args.ember_quantize, "--max-batch", str(max(levels)), "--port", str(port),
-               "--model-name", "model"]
+               "--max-batch", str(max(levels)), "--port", str(port), "--model-name", "model"]
+        if args.ember_quantize != "none":
+            cmd += ["--quantize", args.ember_quantize]
         proc = subprocess.Popen(cmd)
         procs.append(proc)
         wait_healthy(port, proc, "/health")
@@ -164,7 +165,7 @@ def main():
             port = free_port()
             cmd = [sys.executable, "-m", "llama_cpp.server", "--model", args.model, "--n_threads",
                    str(args.threads), "--n_threads_batch", str(args.threads), "--n_ctx", "2048",
-                   "--port", str(port), "--model_alias", "model"]
+                   "--port", str(port), "--model_alias", "model", "--interrupt_requests", "False"]
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             procs.append(proc)
             wait_healthy(port, proc, "/v1/models")

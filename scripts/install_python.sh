@@ -13,5 +13,5 @@ if [ ! -x .venv/bin/python ] && ! python3 -m venv .venv; then
   exit 0
 fi
 echo "install_python: installing the openai client into .venv" >&2
-.venv/bin/pip install -q --disable-pip-version-check "openai>=1.40,<3" ||
+.venv/bin/pip install -q --disable-pip-version-check "openai>=1.40" ||
   echo "install_python: pip install openai failed; the openai client test will skip" >&2

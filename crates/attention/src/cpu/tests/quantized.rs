@@ -119,27 +119,26 @@ fn quantized_kernel_matches_float64() {
         let out = 200;
         let p = packed(out, layout, bits as u64 * 1000 + in_features as u64);
         let bias = values(out, 77, 1.0);
+        let mut alone = Vec::new();
         for rows in [1, 3, 16, 17, 40] {
             let x = values(rows * in_features, rows as u64, 1.0);
             for with_bias in [false, true] {
                 let bias = with_bias.then_some(&bias[..]);
-                let ours = quantized_dense(
-                    &primitive(Tensor::<Flex, 2>::from_data(
-                        TensorData::new(x.clone(), [rows, in_features]),
-                        &Default::default(),
-                    )),
-                    &codes_tensor(&p, out),
-                    &floats_tensor(&p.scales, [out, p.groups, 1]),
-                    p.mins
-                        .as_ref()
-                        .map(|m| floats_tensor(m, [out, p.groups, 1]))
-                        .as_ref(),
-                    bias.map(|b| primitive(Tensor::<Flex, 1>::from_floats(b, &Default::default())))
-                        .as_ref(),
-                    layout,
-                )
-                .expect("the kernel takes these inputs");
-                let ours = floats(from_primitive::<Flex, 2>(ours));
+                let ours = run_kernel(&x, rows, &p, bias, layout);
+                // Up to the streaming limit a row's result is bit-identical alone and in a batch: a continuously
+                // batched server must not change a request's output by what runs beside it.
+                if rows <= crate::cpu::quantized::MAX_ROWS {
+                    for r in 0..rows {
+                        let row = &x[r * in_features..(r + 1) * in_features];
+                        alone.clear();
+                        alone.extend(run_kernel(row, 1, &p, bias, layout));
+                        assert_eq!(
+                            &ours[r * out..(r + 1) * out],
+                            &alone[..],
+                            "{layout:?}: row {r} of {rows}"
+                        );
+                    }
+                }
                 let (want, bound) = reference(&x, rows, &p, bias, layout);
                 for (i, ((a, b), m)) in ours.iter().zip(&want).zip(&bound).enumerate() {
                     assert!(
@@ -150,6 +149,34 @@ fn quantized_kernel_matches_float64() {
             }
         }
     }
+}
+
+/// The kernel's `[rows, out]` output for `x` `[rows, in_features]`.
+fn run_kernel(
+    x: &[f32],
+    rows: usize,
+    p: &Packed,
+    bias: Option<&[f32]>,
+    layout: CodeLayout,
+) -> Vec<f32> {
+    let out = p.scales.len() / p.groups;
+    let ours = quantized_dense(
+        &primitive(Tensor::<Flex, 2>::from_data(
+            TensorData::new(x.to_vec(), [rows, layout.in_features]),
+            &Default::default(),
+        )),
+        &codes_tensor(p, out),
+        &floats_tensor(&p.scales, [out, p.groups, 1]),
+        p.mins
+            .as_ref()
+            .map(|m| floats_tensor(m, [out, p.groups, 1]))
+            .as_ref(),
+        bias.map(|b| primitive(Tensor::<Flex, 1>::from_floats(b, &Default::default())))
+            .as_ref(),
+        layout,
+    )
+    .expect("the kernel takes these inputs");
+    floats(from_primitive::<Flex, 2>(ours))
 }
 
 /// What the kernel does not take it declines, for the caller's tensor-op path: a layout that does not match the
