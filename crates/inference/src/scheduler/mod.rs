@@ -111,8 +111,10 @@ struct Live<'t> {
     preemptions: usize,
 }
 
-/// Runs requests over one model and one paged KV pool (see the [module docs](self)). Not thread-safe by design:
-/// one worker thread owns it, submits what clients send and calls [`step`](Self::step) in a loop.
+/// Runs requests over one model and one paged KV pool: continuous batching with chunked prefill, preemption of
+/// the newest request when the pool fills, and a prefix cache of finished sequences (docs/ARCHITECTURE.md,
+/// "continuous batching"). Not thread-safe by design: one worker thread owns it, submits what clients send and
+/// calls [`step`](Self::step) in a loop.
 pub struct Scheduler<'m, M: PooledDecoder> {
     model: &'m M,
     tokenizer: Option<&'m Tokenizer>,
