@@ -14,7 +14,7 @@ mod gguf_writer;
 use common::{B, max_abs_diff, tokens};
 use ember_model::gguf::{self, GgmlType, GgufFile};
 use ember_model::nn::{Embedding, Linear};
-use gguf_writer::{Tensor, Value, f16_bits, f32_bytes, f16_bytes, values};
+use gguf_writer::{Tensor, Value, f16_bits, f16_bytes, f32_bytes, values};
 
 /// 256 columns everywhere (one K-quant super-block); four heads of 64, two KV heads, MLP 512.
 const HIDDEN: u64 = 256;
@@ -54,7 +54,12 @@ fn random_blocks(ty: GgmlType, inner: u64, outer: u64, seed: u32) -> Vec<u8> {
 fn matrix(name: &str, inner: u64, outer: u64, ty: GgmlType, seed: u32) -> Tensor {
     let data = match ty {
         GgmlType::F32 => f32_bytes(&values((inner * outer) as usize, seed)),
-        GgmlType::F16 => f16_bytes(&values((inner * outer) as usize, seed).iter().map(|v| v * 0.1).collect::<Vec<_>>()),
+        GgmlType::F16 => f16_bytes(
+            &values((inner * outer) as usize, seed)
+                .iter()
+                .map(|v| v * 0.1)
+                .collect::<Vec<_>>(),
+        ),
         ty => random_blocks(ty, inner, outer, seed),
     };
     Tensor {
@@ -97,7 +102,10 @@ fn mixed_llama() -> Vec<u8> {
         ("llama.rope.freq_base", Value::F32(10_000.0)),
         ("tokenizer.ggml.model", Value::Str("gpt2".into())),
         ("tokenizer.ggml.tokens", Value::Strs(tokens)),
-        ("tokenizer.ggml.token_type", Value::I32s(vec![1; VOCAB as usize])),
+        (
+            "tokenizer.ggml.token_type",
+            Value::I32s(vec![1; VOCAB as usize]),
+        ),
         ("tokenizer.ggml.merges", Value::Strs(vec!["t 1".into()])),
         ("tokenizer.ggml.eos_token_id", Value::U32(1)),
     ];
@@ -137,11 +145,23 @@ fn a_gguf_of_every_block_type_kept_packed_gives_the_dequantized_logits() {
     let packed = gguf::load_quantized::<B>(&file, &device, None).unwrap();
     let dense = gguf::load::<B>(&file, &device, None).unwrap();
 
-    assert!(matches!(packed.embed, Embedding::Ggml(_)), "the Q6_K table stays packed");
+    assert!(
+        matches!(packed.embed, Embedding::Ggml(_)),
+        "the Q6_K table stays packed"
+    );
     let attn = &packed.layers[0].attn;
-    assert!(matches!((&attn.q, &attn.k), (Linear::Ggml(_), Linear::Ggml(_))));
-    assert!(matches!(packed.layers[1].attn.v, Linear::Quantized(_)), "Q8_0 maps onto ember's int8");
-    assert!(matches!(packed.layers[1].mlp.up, Linear::Dense(_)), "F16 is dequantized");
+    assert!(matches!(
+        (&attn.q, &attn.k),
+        (Linear::Ggml(_), Linear::Ggml(_))
+    ));
+    assert!(
+        matches!(packed.layers[1].attn.v, Linear::Quantized(_)),
+        "Q8_0 maps onto ember's int8"
+    );
+    assert!(
+        matches!(packed.layers[1].mlp.up, Linear::Dense(_)),
+        "F16 is dequantized"
+    );
     assert_eq!(
         gguf::unpacked_matrices(&file).unwrap(),
         vec![("blk.1.ffn_up.weight".to_string(), GgmlType::F16)]

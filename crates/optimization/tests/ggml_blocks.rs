@@ -29,9 +29,17 @@ fn every_packed_type_dequantizes_bit_for_bit_like_ggml() {
         // bit, nibble or scale index), never rounding.
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&values), bits(&expected), "{ty}");
-        assert_eq!(dequantize(ty, &blocks).as_deref(), Some(&expected[..]), "{ty}");
+        assert_eq!(
+            dequantize(ty, &blocks).as_deref(),
+            Some(&expected[..]),
+            "{ty}"
+        );
         // Rows dequantized on their own are the same rows.
-        assert_eq!(weight.dequantize_rows(1, 2), expected[256..], "{ty} rows 1..3");
+        assert_eq!(
+            weight.dequantize_rows(1, 2),
+            expected[256..],
+            "{ty} rows 1..3"
+        );
         assert_eq!(weight.storage_bytes(), blocks.len(), "{ty}");
     }
 }
@@ -84,9 +92,15 @@ fn block_bytes_that_do_not_fit_the_shape_are_refused_with_the_type_and_sizes() {
     );
     // 128 columns are half a Q4_K super-block.
     let ragged = reason(GgmlWeight::new(GgmlType::Q4_K, [6, 128], blocks.clone()));
-    assert!(ragged.contains("multiple of the Q4_K block length 256"), "{ragged}");
+    assert!(
+        ragged.contains("multiple of the Q4_K block length 256"),
+        "{ragged}"
+    );
     let dense = reason(GgmlWeight::new(GgmlType::F16, [3, 72], blocks.clone()));
-    assert!(dense.contains("F16 is not a block-quantized type"), "{dense}");
+    assert!(
+        dense.contains("F16 is not a block-quantized type"),
+        "{dense}"
+    );
     let empty = reason(GgmlWeight::new(GgmlType::Q8_0, [0, 32], Vec::new()));
     assert!(empty.contains("positive multiple"), "{empty}");
     // A shape whose byte count overflows is refused before anything is allocated by it.

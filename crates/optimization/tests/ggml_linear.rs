@@ -42,7 +42,10 @@ fn reference(x: &[f32], w: &[f32], bias: Option<&[f32]>, cols: usize) -> (Vec<f6
     for row in x.chunks_exact(cols) {
         for (o, w) in w.chunks_exact(cols).enumerate() {
             let b = bias.map_or(0.0, |b| f64::from(b[o]));
-            let terms = row.iter().zip(w).map(|(&x, &w)| f64::from(x) * f64::from(w));
+            let terms = row
+                .iter()
+                .zip(w)
+                .map(|(&x, &w)| f64::from(x) * f64::from(w));
             exact.push(terms.clone().sum::<f64>() + b);
             scale.push(terms.map(f64::abs).sum::<f64>() + b.abs());
         }
@@ -64,13 +67,16 @@ fn every_type_multiplies_like_the_f64_product_of_its_dequantized_weight() {
         let bias: Vec<f32> = (0..out).map(|_| rng.random_range(-1.0..1.0)).collect();
         for with_bias in [false, true] {
             let bias = with_bias.then_some(&bias[..]);
-            let bias_tensor =
-                bias.map(|b| Tensor::<Flex, 1>::from_data(TensorData::new(b.to_vec(), [out]), &device));
+            let bias_tensor = bias
+                .map(|b| Tensor::<Flex, 1>::from_data(TensorData::new(b.to_vec(), [out]), &device));
             let layer = GgmlLinear::<Flex>::new(weight.clone(), bias_tensor, &device).unwrap();
             // 1 and 3 rows take the decode kernel, 17 the tiled gemm path.
             for rows in [1, 3, 17] {
-                let x: Vec<f32> = (0..rows * cols).map(|_| rng.random_range(-1.0..1.0)).collect();
-                let input = Tensor::<Flex, 2>::from_data(TensorData::new(x.clone(), [rows, cols]), &device);
+                let x: Vec<f32> = (0..rows * cols)
+                    .map(|_| rng.random_range(-1.0..1.0))
+                    .collect();
+                let input =
+                    Tensor::<Flex, 2>::from_data(TensorData::new(x.clone(), [rows, cols]), &device);
                 let (exact, scale) = reference(&x, &w, bias, cols);
                 let paths = [
                     ("native", layer.forward(input.clone())),

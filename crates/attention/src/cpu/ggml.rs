@@ -51,13 +51,7 @@ pub(crate) fn ggml_dense(
 
 /// The decode path: output channels split across the pool in tasks of [`CHANNELS_PER_TASK`], each channel
 /// expanded block by block into a stack buffer and dotted with every row.
-fn few_rows(
-    x: &[f32],
-    rows: usize,
-    weight: GgmlMatrix<'_>,
-    bias: Option<&[f32]>,
-    dst: &mut [f32],
-) {
+fn few_rows(x: &[f32], rows: usize, weight: GgmlMatrix<'_>, bias: Option<&[f32]>, dst: &mut [f32]) {
     let [out, _] = weight.shape();
     let tasks = out.div_ceil(CHANNELS_PER_TASK);
     let shared = OutPtr(dst.as_mut_ptr());

@@ -47,8 +47,7 @@ pub enum GgmlType {
 
 impl GgmlType {
     /// The types [`crate::ggml::dequantize`] supports, for error messages.
-    pub const SUPPORTED: &'static str =
-        "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS";
+    pub const SUPPORTED: &'static str = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS";
 
     /// The block-quantized types a matrix can be kept packed in and multiplied from
     /// ([`GgmlType::is_block_quantized`]).

@@ -51,7 +51,11 @@ pub(crate) fn q3_k(b: &[u8], out: &mut [f32]) {
             let e = 16 * s + i;
             let (h, j, l) = (e / 128, (e % 128) / 32, e % 32);
             let low = ((qs[32 * h + l] >> (2 * j)) & 0x03) as i8;
-            let high = if (hmask[l] >> (e / 32)) & 1 == 1 { 0 } else { 4 };
+            let high = if (hmask[l] >> (e / 32)) & 1 == 1 {
+                0
+            } else {
+                4
+            };
             *x = dl * f32::from(low - high);
         }
     }
@@ -91,7 +95,9 @@ fn k4_family(b: &[u8], out: &mut [f32], weight: impl Fn(usize, usize) -> u8) {
 #[inline(always)]
 pub(crate) fn q4_k(b: &[u8], out: &mut [f32]) {
     let qs = &b[16..144];
-    k4_family(b, out, |j, l| (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F);
+    k4_family(b, out, |j, l| {
+        (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F
+    });
 }
 
 /// Q5_K: `qh[32]` then `qs[128]` after the scales; as Q4_K plus bit `j` of `qh[l]` as the weight's bit 4.

@@ -20,7 +20,8 @@ impl<'a> GgmlMatrix<'a> {
     /// block-quantized, `cols` not a positive multiple of the block length, or a byte length other than
     /// `rows * cols / block_len * block_bytes`.
     pub fn new(ty: GgmlType, [rows, cols]: [usize; 2], blocks: &'a [u8]) -> Result<Self, String> {
-        let Some((block_len, block_bytes)) = ty.block_geometry().filter(|_| ty.is_block_quantized())
+        let Some((block_len, block_bytes)) =
+            ty.block_geometry().filter(|_| ty.is_block_quantized())
         else {
             return Err(format!(
                 "{ty} is not a block-quantized type (one of {})",

@@ -32,18 +32,54 @@ macro_rules! with_block_fn {
     ($ty:expr, |$f:ident| $body:expr, $none:expr) => {{
         use $crate::ggml::{GgmlType as T, kquants as k, legacy as l};
         match $ty {
-            T::Q4_0 => { let $f = l::q4_0; $body }
-            T::Q4_1 => { let $f = l::q4_1; $body }
-            T::Q5_0 => { let $f = l::q5_0; $body }
-            T::Q5_1 => { let $f = l::q5_1; $body }
-            T::Q8_0 => { let $f = l::q8_0; $body }
-            T::IQ4_NL => { let $f = l::iq4_nl; $body }
-            T::Q2_K => { let $f = k::q2_k; $body }
-            T::Q3_K => { let $f = k::q3_k; $body }
-            T::Q4_K => { let $f = k::q4_k; $body }
-            T::Q5_K => { let $f = k::q5_k; $body }
-            T::Q6_K => { let $f = k::q6_k; $body }
-            T::IQ4_XS => { let $f = k::iq4_xs; $body }
+            T::Q4_0 => {
+                let $f = l::q4_0;
+                $body
+            }
+            T::Q4_1 => {
+                let $f = l::q4_1;
+                $body
+            }
+            T::Q5_0 => {
+                let $f = l::q5_0;
+                $body
+            }
+            T::Q5_1 => {
+                let $f = l::q5_1;
+                $body
+            }
+            T::Q8_0 => {
+                let $f = l::q8_0;
+                $body
+            }
+            T::IQ4_NL => {
+                let $f = l::iq4_nl;
+                $body
+            }
+            T::Q2_K => {
+                let $f = k::q2_k;
+                $body
+            }
+            T::Q3_K => {
+                let $f = k::q3_k;
+                $body
+            }
+            T::Q4_K => {
+                let $f = k::q4_k;
+                $body
+            }
+            T::Q5_K => {
+                let $f = k::q5_k;
+                $body
+            }
+            T::Q6_K => {
+                let $f = k::q6_k;
+                $body
+            }
+            T::IQ4_XS => {
+                let $f = k::iq4_xs;
+                $body
+            }
             T::F32 | T::F16 | T::Bf16 | T::Other(_) => $none,
         }
     }};
@@ -60,8 +96,6 @@ pub(crate) use with_block_fn;
 pub fn dequantize_block(ty: GgmlType, block: &[u8], out: &mut [f32]) {
     with_block_fn!(ty, |expand| expand(block, out), ())
 }
-
-
 
 /// Dequantizes `bytes`, a whole number of `ty` blocks, to f32 values in storage order.
 ///

@@ -23,7 +23,8 @@ pub use error::GgufError;
 pub use hparams::{GgufHparams, OUTPUT, TOKEN_EMBD};
 pub use metadata::MetadataValue;
 pub use model::{
-    GgufSource, family, is_gguf, load, load_quantized, model_spec, unpacked_matrices, unpermute_rows,
+    GgufSource, family, is_gguf, load, load_quantized, model_spec, unpacked_matrices,
+    unpermute_rows,
 };
 pub use reader::{DEFAULT_ALIGNMENT, MAX_METADATA_ELEMENTS, TensorInfo};
 pub use vocab::{

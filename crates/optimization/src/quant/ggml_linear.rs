@@ -92,7 +92,10 @@ impl<B: Backend> GgmlLinear<B> {
     /// [`forward`](Self::forward) never does this).
     pub fn dequantize(&self) -> Tensor<B, 2> {
         let shape = self.weight.shape();
-        Tensor::from_data(TensorData::new(self.weight.dequantize(), shape), &self.device)
+        Tensor::from_data(
+            TensorData::new(self.weight.dequantize(), shape),
+            &self.device,
+        )
     }
 
     /// Looks up rows of the weight as an embedding table `[vocab, dim]`: `ids` `[batch, seq]` gives
@@ -129,8 +132,10 @@ impl<B: Backend> GgmlLinear<B> {
             .map(|first| {
                 let n = tile.min(out_features - first);
                 let values = self.weight.dequantize_rows(first, n);
-                let weight =
-                    Tensor::<B, 2>::from_data(TensorData::new(values, [n, in_features]), &x.device());
+                let weight = Tensor::<B, 2>::from_data(
+                    TensorData::new(values, [n, in_features]),
+                    &x.device(),
+                );
                 x.clone().matmul(weight.transpose())
             })
             .collect::<Vec<_>>();
