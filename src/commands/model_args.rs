@@ -101,6 +101,11 @@ pub fn load_with_progress<B: EmberBackend>(
         bar.set_position(done as u64);
         bar.set_message(name.to_string());
     };
+    if matches!(format, WeightFormat::Stored) {
+        for (tensor, ty) in assets.unpacked_matrices()? {
+            stderr!("warning: {tensor} is {ty}, which ember does not keep packed: it loads as f32");
+        }
+    }
     let model = assets.load_as::<B>(device, Some(&mut progress), format)?;
     bar.finish_and_clear();
     Ok(model)
@@ -111,7 +116,8 @@ pub fn load_with_progress<B: EmberBackend>(
 pub struct QuantizeArgs {
     /// Quantize the weights for inference: int8 (per output channel), int8-gN, int4 (= int4-g32), int4-gN, each
     /// int4 form optionally with -asym (zero points), N a multiple of 8 in 8..=4096 and, above 256, at most a
-    /// weight row's length; or `gguf` to keep a GGUF file's Q8_0/Q4_0/Q4_1 blocks exactly as stored
+    /// weight row's length; or `gguf` to keep a GGUF file's quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+    /// Q2_K..Q6_K, IQ4_NL, IQ4_XS) exactly as stored
     /// [default: none, f32 weights].
     #[arg(long, value_name = "SCHEME")]
     pub quantize: Option<String>,

@@ -13,6 +13,7 @@ use burn::tensor::{
 };
 
 use crate::flash::FlashConfig;
+use crate::ggml::GgmlMatrix;
 use crate::ops::CodeLayout;
 use crate::portable::*;
 use crate::rope::RopeConfig;
@@ -121,6 +122,22 @@ pub trait EmberBackend: Backend {
         layout: CodeLayout,
     ) -> Option<FloatTensor<Self>> {
         let _ = (x, codes, scales, mins, bias, layout);
+        None
+    }
+
+    /// `x` `[rows, in]` times a weight kept as ggml blocks ([`GgmlMatrix`] `[out, in]`) transposed, plus `bias`
+    /// `[out]`, or `None` where the backend has no such kernel for these inputs: the caller then dequantizes
+    /// tiles of the weight and multiplies them densely. Not differentiable.
+    ///
+    /// The blocks are host memory (burn-flex's device memory is the host's). burn-flex expands up to 16 rows
+    /// (a decode step) one block at a time into vectorised dot products and multiplies more with gemm, a
+    /// dequantized tile at a time; the default declines.
+    fn ggml_dense(
+        x: FloatTensor<Self>,
+        weight: GgmlMatrix<'_>,
+        bias: Option<FloatTensor<Self>>,
+    ) -> Option<FloatTensor<Self>> {
+        let _ = (x, weight, bias);
         None
     }
 

@@ -52,6 +52,7 @@ mod cube;
 mod error;
 mod flash;
 mod fused;
+pub mod ggml;
 mod kernel;
 mod kv_cache;
 mod manual;

@@ -140,6 +140,18 @@ impl ModelAssets {
         matches!(&self.weights, WeightsFile::Dir(dir) if dir.is_quantized())
     }
 
+    /// The matrices of a GGUF file that [`WeightFormat::Stored`] cannot keep packed and expands to f32
+    /// (`(tensor, type)`, e.g. F16 ones; see [`gguf::unpacked_matrices`]), so a caller can warn about their
+    /// memory; empty for a directory.
+    pub fn unpacked_matrices(&self) -> Result<Vec<(String, gguf::GgmlType)>, InferenceError> {
+        match &self.weights {
+            WeightsFile::Gguf(file) => {
+                gguf::unpacked_matrices(file).map_err(|e| load_error(&self.path, e))
+            }
+            WeightsFile::Dir(_) => Ok(Vec::new()),
+        }
+    }
+
     /// Loads the weights onto `device` in f32 (dequantizing GGUF tensors).
     pub fn load<B: EmberBackend>(
         &self,

@@ -53,14 +53,14 @@ impl<B: EmberBackend> Transformer<B> {
             self.lm_head = match self.lm_head.take() {
                 Some(head) => Some(head.quantize(scheme, LM_HEAD)?),
                 // Tied: a quantized table already serves as the head; a dense one gets a quantized copy.
-                None if matches!(self.embed, Embedding::Quantized(_)) => None,
+                None if matches!(self.embed, Embedding::Quantized(_) | Embedding::Ggml(_)) => None,
                 None => Some(Linear::Quantized(self.embed.quantized_head(scheme)?)),
             };
         }
         Ok(self)
     }
 
-    /// Bytes the weights occupy on the device (f32 or quantized codes plus scales), counting a weight shared
+    /// Bytes the weights occupy on the device (f32, quantized codes plus scales, or ggml blocks as stored), counting a weight shared
     /// by the embedding and a tied LM head once.
     pub fn weight_memory_bytes(&self) -> usize {
         let positions = self

@@ -8,7 +8,9 @@
 use std::path::{Path, PathBuf};
 
 use ember_attention::EmberBackend;
-use ember_optimization::{DenseTensor, QuantizedCheckpoint, QuantizedLinear, QuantizedWeight};
+use ember_optimization::{
+    DenseTensor, PackedWeight, QuantizedCheckpoint, QuantizedLinear, QuantizedWeight,
+};
 
 use crate::error::{ModelError, Result};
 use crate::load::Loaded;
@@ -35,12 +37,12 @@ impl<B: EmberBackend> Transformer<B> {
     pub fn quantized_weight(&self, name: &str) -> Result<Option<QuantizedWeight>> {
         let linear = |l: &Linear<B>| match l {
             Linear::Quantized(q) => Some(q.to_weight()),
-            Linear::Dense(_) => None,
+            Linear::Dense(_) | Linear::Ggml(_) => None,
         };
         let weight = match name {
             EMBED => match &self.embed {
                 Embedding::Quantized(q) => Some(q.to_weight()),
-                Embedding::Dense(_) => None,
+                Embedding::Dense(_) | Embedding::Ggml(_) => None,
             },
             LM_HEAD => self.lm_head.as_ref().and_then(linear),
             _ => match name
@@ -129,7 +131,7 @@ impl WeightSource for QuantizedSource {
         Ok(dense.values)
     }
 
-    fn take_quantized(&mut self, tensor: &TensorSpec) -> Result<Option<QuantizedWeight>> {
+    fn take_quantized(&mut self, tensor: &TensorSpec) -> Result<Option<PackedWeight>> {
         let Some(weight) = self.checkpoint.quantized.remove(&tensor.name) else {
             return Ok(None);
         };
@@ -141,7 +143,7 @@ impl WeightSource for QuantizedSource {
                 found: weight.shape().to_vec(),
             });
         }
-        Ok(Some(weight))
+        Ok(Some(PackedWeight::Codes(weight)))
     }
 }
 

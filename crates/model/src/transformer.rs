@@ -8,7 +8,7 @@ use burn::tensor::{
     Bool, DType, ElementConversion, FloatDType, Int, Tensor, TensorData, module::embedding,
 };
 use ember_attention::{AttentionKernel, EmberBackend, KvCache, RopeCache};
-use ember_optimization::QuantizedLinear;
+use ember_optimization::{GgmlLinear, PackedWeight, QuantizedLinear};
 
 use crate::error::{ModelError, Result};
 use crate::nn::attention::CallPositions;
@@ -65,6 +65,21 @@ impl<B: EmberBackend> Default for Step<'_, B> {
     }
 }
 
+/// A matrix a source handed over packed, uploaded as the layer of its kind.
+enum PackedLayer<B: EmberBackend> {
+    Codes(QuantizedLinear<B>),
+    Ggml(GgmlLinear<B>),
+}
+
+impl<B: EmberBackend> From<PackedLayer<B>> for Linear<B> {
+    fn from(layer: PackedLayer<B>) -> Self {
+        match layer {
+            PackedLayer::Codes(layer) => Linear::Quantized(layer),
+            PackedLayer::Ggml(layer) => Linear::Ggml(layer),
+        }
+    }
+}
+
 /// Builds modules from a [`WeightSource`], visiting each canonical tensor once.
 struct Builder<'a, 'p, B: EmberBackend> {
     expected: HashMap<String, TensorSpec>,
@@ -94,12 +109,12 @@ impl<B: EmberBackend> Builder<'_, '_, B> {
             .ok_or_else(|| ModelError::InvalidSpec(format!("the spec has no tensor `{name}`")))
     }
 
-    /// Matrix `name` uploaded quantized with `bias`, when the source holds it quantized.
-    fn quantized(
+    /// Matrix `name` uploaded packed with `bias`, when the source holds it packed.
+    fn packed(
         &mut self,
         name: &str,
         bias: impl FnOnce(&mut Self) -> Result<Option<Param<Tensor<B, 1>>>>,
-    ) -> Result<Option<QuantizedLinear<B>>> {
+    ) -> Result<Option<PackedLayer<B>>> {
         let Some(spec) = self.expected.get(name) else {
             return Ok(None);
         };
@@ -111,27 +126,32 @@ impl<B: EmberBackend> Builder<'_, '_, B> {
             progress(self.done, self.expected.len(), name);
         }
         let bias = bias(self)?.map(|b| b.val());
-        QuantizedLinear::new(&weight, bias, self.device)
-            .map(Some)
-            .map_err(|e| ModelError::Quantization {
-                tensor: name.to_string(),
-                message: e.to_string(),
-            })
+        let layer = match weight {
+            PackedWeight::Codes(weight) => {
+                QuantizedLinear::new(&weight, bias, self.device).map(PackedLayer::Codes)
+            }
+            PackedWeight::Ggml(weight) => {
+                GgmlLinear::new(weight, bias, self.device).map(PackedLayer::Ggml)
+            }
+        };
+        layer.map(Some).map_err(|e| ModelError::Quantization {
+            tensor: name.to_string(),
+            message: e.to_string(),
+        })
     }
 
     fn embedding(&mut self) -> Result<Embedding<B>> {
-        Ok(match self.quantized(EMBED, |_| Ok(None))? {
-            Some(table) => Embedding::Quantized(table),
+        Ok(match self.packed(EMBED, |_| Ok(None))? {
+            Some(PackedLayer::Codes(table)) => Embedding::Quantized(table),
+            Some(PackedLayer::Ggml(table)) => Embedding::Ggml(table),
             None => Embedding::Dense(self.required(EMBED)?),
         })
     }
 
     fn linear(&mut self, prefix: &str) -> Result<Linear<B>> {
         let bias_name = format!("{prefix}.bias");
-        if let Some(layer) =
-            self.quantized(&format!("{prefix}.weight"), |b| b.optional(&bias_name))?
-        {
-            return Ok(Linear::Quantized(layer));
+        if let Some(layer) = self.packed(&format!("{prefix}.weight"), |b| b.optional(&bias_name))? {
+            return Ok(layer.into());
         }
         Ok(Linear::dense(
             self.required(&format!("{prefix}.weight"))?,
@@ -242,8 +262,8 @@ impl<B: EmberBackend> Transformer<B> {
             .map(|layer| b.block(layer, spec))
             .collect::<Result<Vec<_>>>()?;
         let final_norm = b.norm(FINAL_NORM, spec)?;
-        let lm_head = match b.quantized(LM_HEAD, |_| Ok(None))? {
-            Some(head) => Some(Linear::Quantized(head)),
+        let lm_head = match b.packed(LM_HEAD, |_| Ok(None))? {
+            Some(head) => Some(head.into()),
             None => b
                 .optional(LM_HEAD)?
                 .map(|weight| Linear::dense(weight, None)),

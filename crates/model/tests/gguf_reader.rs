@@ -205,7 +205,7 @@ fn truncation_anywhere_is_an_error_never_a_panic() {
 fn unsupported_tensor_type_error_names_tensor_and_type() {
     let bytes = fixture_bytes();
     let file = GgufFile::open(fixture_dir().join("quants.gguf.bin")).unwrap();
-    // Relabel tensor `f32` (ggml type 0) as Q3_K (11) by patching the type field of its tensor info: the u32 just
+    // Relabel tensor `f32` (ggml type 0) as IQ2_XXS (16, a type ember does not decode) by patching the type field of its tensor info: the u32 just
     // before its u64 offset, found after the name and dims.
     let name = b"f32";
     let pos = bytes
@@ -214,18 +214,18 @@ fn unsupported_tensor_type_error_names_tensor_and_type() {
         .unwrap();
     let type_at = pos + name.len() + 4 + 2 * 8;
     let mut patched = bytes.clone();
-    patched[type_at..type_at + 4].copy_from_slice(&11u32.to_le_bytes());
+    patched[type_at..type_at + 4].copy_from_slice(&16u32.to_le_bytes());
     let (_dir, opened) = open_bytes(&patched);
     let opened = opened.unwrap();
     assert_eq!(
         opened.tensor_info("f32").unwrap().ggml_type,
-        GgmlType::Other(11)
+        GgmlType::Other(16)
     );
     let err = opened.tensor_f32("f32").unwrap_err();
     assert!(matches!(err, GgufError::UnsupportedType { .. }), "{err}");
     let msg = err.to_string();
     assert!(
-        msg.contains("`f32`") && msg.contains("Q3_K") && msg.contains("model.gguf"),
+        msg.contains("`f32`") && msg.contains("IQ2_XXS") && msg.contains("model.gguf"),
         "{msg}"
     );
     assert!(file.tensor_f32("f32").is_ok(), "the unpatched file reads");
@@ -261,7 +261,8 @@ fn partial_blocks_are_rejected() {
         None,
         "18 bytes make a Q4_0 block"
     );
-    assert_eq!(dequantize(GgmlType::Other(11), &[0; 110]), None);
+    // IQ2_XXS (66-byte blocks): a type ember does not decode.
+    assert_eq!(dequantize(GgmlType::from_id(16), &[0; 66]), None);
     assert_eq!(
         dequantize(GgmlType::Q8_0, &[0; 34]).map(|v| v.len()),
         Some(32)

@@ -1,5 +1,6 @@
 //! Decode-shaped linear layers (one token, SmolLM2-135M widths) and prefill-shaped ones (a 128-token
-//! prompt): dense f32 matmul against `QuantizedLinear` for each scheme, on the reference CPU backend.
+//! prompt): dense f32 matmul against `QuantizedLinear` for each scheme and `GgmlLinear` for a few ggml block
+//! types (random blocks: the kernels' speed does not depend on the values), on the reference CPU backend.
 //!
 //! Run: `cargo bench -p ember-optimization --bench quantized_linear`
 
@@ -11,7 +12,8 @@ use std::time::Duration;
 use burn::backend::Flex;
 use burn::tensor::{Distribution, Tensor};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use ember_optimization::{QuantScheme, QuantizedLinear};
+use ember_attention::ggml::GgmlType;
+use ember_optimization::{GgmlLinear, GgmlWeight, QuantScheme, QuantizedLinear};
 
 type B = Flex;
 
@@ -51,7 +53,28 @@ fn bench(c: &mut Criterion) {
         group.bench_function("f32", |b| {
             b.iter(|| x.clone().matmul(dense.clone()).into_data())
         });
-        for scheme in ["int8", "int4-g32", "int4-g128"] {
+        for ty in [
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+        ] {
+            // K-quant rows are whole 256-element super-blocks; SmolLM2's 576-wide rows are not.
+            let (block_len, _) = ty.block_geometry().expect("a block type");
+            if !in_features.is_multiple_of(block_len) {
+                continue;
+            }
+            let layer = GgmlLinear::<B>::new(
+                random_blocks(ty, [out_features, in_features]),
+                None,
+                &device,
+            )
+            .expect("whole blocks");
+            group.bench_with_input(BenchmarkId::new("ggml", ty), &layer, |b, layer| {
+                b.iter(|| layer.forward(x.clone()).into_data())
+            });
+        }
+        for scheme in ["int8", "int4-g32", "int4-g32-asym", "int4-g128"] {
             let parsed: QuantScheme = scheme.parse().expect("valid scheme");
             let layer = QuantizedLinear::quantize(weight.clone(), None, parsed)
                 .expect("finite weights quantize");
@@ -61,6 +84,33 @@ fn bench(c: &mut Criterion) {
         }
         group.finish();
     }
+}
+
+/// A `[rows, cols]` weight of `ty` blocks of pseudo-random bytes with small finite f16 scales (at the offsets
+/// of the types benchmarked here).
+fn random_blocks(ty: GgmlType, [rows, cols]: [usize; 2]) -> GgmlWeight {
+    let (block_len, block_bytes) = ty.block_geometry().expect("a block type");
+    let mut state = 0x9e37_79b9u32;
+    let mut blocks: Vec<u8> = (0..rows * cols / block_len * block_bytes)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state as u8
+        })
+        .collect();
+    let fields: &[usize] = match ty {
+        GgmlType::Q6_K => &[208],
+        GgmlType::Q8_0 => &[0],
+        _ => &[0, 2],
+    };
+    let scale = half::f16::from_f32(0.01).to_le_bytes();
+    for block in blocks.chunks_exact_mut(block_bytes) {
+        for &at in fields {
+            block[at..at + 2].copy_from_slice(&scale);
+        }
+    }
+    GgmlWeight::new(ty, [rows, cols], blocks).expect("whole blocks")
 }
 
 criterion_group!(benches, bench);

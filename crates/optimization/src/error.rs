@@ -68,6 +68,13 @@ pub enum QuantError {
         /// What is wrong.
         reason: String,
     },
+    /// ggml block bytes that are not a `[rows, cols]` matrix of their type (see
+    /// [`ember_attention::ggml::GgmlMatrix::new`]).
+    #[error("ggml blocks: {reason}")]
+    GgmlBlocks {
+        /// What is wrong, naming the type, the shape and the expected byte length.
+        reason: String,
+    },
     /// A tensor shape that does not match what the layer expects.
     #[error("{what}: expected shape {expected:?}, got {actual:?}")]
     ShapeMismatch {

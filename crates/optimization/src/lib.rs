@@ -17,6 +17,8 @@ pub use paged::blocks::{BlockManager, PoolStats, SeqId};
 pub use paged::cache::PagedKvCache;
 pub use paged::pool::{GatheredKv, PagedKvConfig, PagedKvPool};
 pub use quant::checkpoint::{DenseTensor, QuantizedCheckpoint};
+pub use quant::ggml_linear::GgmlLinear;
+pub use quant::ggml_weight::{GgmlWeight, PackedWeight};
 pub use quant::linear::QuantizedLinear;
 pub use quant::scheme::{Granularity, QuantScheme};
 pub use quant::weight::QuantizedWeight;

@@ -7,6 +7,7 @@ use burn::tensor::ops::{BoolTensor, FloatTensor, IntTensor};
 
 use crate::EmberBackend;
 use crate::flash::FlashConfig;
+use crate::ggml::GgmlMatrix;
 use crate::ops::CodeLayout;
 use crate::portable::*;
 use crate::rope::RopeConfig;
@@ -85,6 +86,14 @@ impl EmberBackend for Flex {
         layout: CodeLayout,
     ) -> Option<FloatTensor<Self>> {
         crate::cpu::quantized_dense(&x, &codes, &scales, mins.as_ref(), bias.as_ref(), layout)
+    }
+
+    fn ggml_dense(
+        x: FloatTensor<Self>,
+        weight: GgmlMatrix<'_>,
+        bias: Option<FloatTensor<Self>>,
+    ) -> Option<FloatTensor<Self>> {
+        crate::cpu::ggml_dense(&x, weight, bias.as_ref())
     }
 
     fn flash_attention_forward(

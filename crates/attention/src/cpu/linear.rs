@@ -31,7 +31,7 @@ pub(super) struct Operand {
 
 /// A pointer into the output that the column blocks share; each block writes only its own columns.
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(super) struct OutPtr(pub(super) *mut f32);
 
 // SAFETY: the blocks of one product read their operands (not written meanwhile) and write disjoint columns of
 // the output, which nothing else reads while they run.
@@ -66,7 +66,7 @@ impl Operand {
 }
 
 impl OutPtr {
-    fn get(self) -> *mut f32 {
+    pub(super) fn get(self) -> *mut f32 {
         self.0
     }
 }

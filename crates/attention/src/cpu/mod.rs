@@ -9,6 +9,7 @@
 mod backend;
 mod cross_entropy;
 mod flash;
+mod ggml;
 mod linear;
 mod norm;
 pub(crate) mod quantized;
@@ -18,6 +19,7 @@ mod swiglu;
 
 pub(crate) use cross_entropy::{cross_entropy, cross_entropy_backward};
 pub(crate) use flash::{flash_backward, flash_forward};
+pub(crate) use ggml::ggml_dense;
 pub(crate) use linear::{dense, dense_backward};
 pub(crate) use norm::{rms_norm, rms_norm_backward};
 pub(crate) use quantized::quantized_dense;

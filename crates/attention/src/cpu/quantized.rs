@@ -24,11 +24,11 @@ use crate::ops::CodeLayout;
 pub(crate) const MAX_ROWS: usize = 16;
 
 /// f32 elements of one dequantized tile on the many-row path (4 MiB): the f32 weight never exists whole.
-const TILE_ELEMENTS: usize = 1 << 20;
+pub(super) const TILE_ELEMENTS: usize = 1 << 20;
 
 /// Output channels per parallel task: a few hundred KiB of codes at typical widths, enough to amortise the
 /// hand-off, small enough to balance the threads.
-const CHANNELS_PER_TASK: usize = 64;
+pub(super) const CHANNELS_PER_TASK: usize = 64;
 
 /// `x` `[rows, in]` times the quantized weight `[out, in]` transposed, plus `bias` `[out]`, as `[rows, out]`.
 ///
@@ -137,7 +137,7 @@ pub(crate) fn quantized_dense(
 thread_local! {
     /// The many-row path's dequantized tile, kept between calls: a prompt runs every projection of every layer
     /// through it, and a fresh zero-filled buffer each time wrote about 14 MB per SmolLM2 layer for nothing.
-    static TILE: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    pub(super) static TILE: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
 /// `x` `[rows, inputs]` times the quantized weight, for many rows: tiles of output channels are dequantized

@@ -5,9 +5,7 @@
 //! go through the architecture registry (each family maps its own GGUF metadata and tensors, see
 //! [`crate::arch::Family::gguf_config`]); [`tokenizer_vocab`] extracts the embedded tokenizer.
 
-mod dequant;
 mod error;
-mod ggml_type;
 mod hparams;
 mod metadata;
 mod model;
@@ -19,12 +17,15 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
-pub use dequant::dequantize;
+/// ggml's types and their dequantization live with the kernels that multiply packed blocks.
+pub use ember_attention::ggml::{GgmlType, dequantize};
 pub use error::GgufError;
-pub use ggml_type::GgmlType;
 pub use hparams::{GgufHparams, OUTPUT, TOKEN_EMBD};
 pub use metadata::MetadataValue;
-pub use model::{GgufSource, family, is_gguf, load, load_quantized, model_spec, unpermute_rows};
+pub use model::{
+    GgufSource, family, is_gguf, load, load_quantized, model_spec, unpacked_matrices,
+    unpermute_rows,
+};
 pub use reader::{DEFAULT_ALIGNMENT, MAX_METADATA_ELEMENTS, TensorInfo};
 pub use vocab::{
     CHAT_TEMPLATE, TokenizerFromGgufError, chat_template, load_tokenizer, tokenizer_vocab,

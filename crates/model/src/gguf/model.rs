@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use ember_optimization::QuantizedWeight;
+use ember_optimization::{GgmlWeight, PackedWeight, QuantizedWeight};
 
 use super::{GgmlType, GgufError, GgufFile, GgufHparams, TensorInfo};
 use crate::arch::{self, Family, GgufTensor};
@@ -110,7 +110,7 @@ impl<'a> GgufSource<'a> {
         }
     }
 
-    /// Hands quantized matrices of the types ember keeps packed over as quantized weights, block for block (see
+    /// Hands block-quantized matrices over packed, block for block (see
     /// [`WeightSource::take_quantized`](crate::weights::WeightSource::take_quantized)).
     pub fn keep_quantized(mut self) -> Self {
         self.keep_quantized = true;
@@ -187,39 +187,79 @@ impl crate::weights::WeightSource for GgufSource<'_> {
         Ok(values)
     }
 
-    fn take_quantized(&mut self, tensor: &TensorSpec) -> crate::Result<Option<QuantizedWeight>> {
+    fn take_quantized(&mut self, tensor: &TensorSpec) -> crate::Result<Option<PackedWeight>> {
         if !self.keep_quantized || tensor.shape.len() != 2 {
             return Ok(None);
         }
         let Located { info, place } = self.locate(tensor)?;
-        if place.offset != 0.0 {
+        if place.offset != 0.0 || !info.ggml_type.is_block_quantized() {
             return Ok(None);
         }
         let stored = info.shape();
-        let shape = [stored[0], stored[1]];
         let bytes = self.file.tensor_bytes(&info.name)?;
-        let weight = match info.ggml_type {
-            GgmlType::Q8_0 => QuantizedWeight::from_gguf_q8_0(bytes, shape),
-            GgmlType::Q4_0 => QuantizedWeight::from_gguf_q4_0(bytes, shape),
-            GgmlType::Q4_1 => QuantizedWeight::from_gguf_q4_1(bytes, shape),
-            _ => return Ok(None),
-        }
-        .map_err(|e| self.blocks_error(info, e))?;
+        let weight = packed(info.ggml_type, bytes, [stored[0], stored[1]])
+            .map_err(|e| self.blocks_error(info, e))?;
         if place.rows.is_none() && place.permuted_heads.is_none() {
             return Ok(Some(weight));
         }
-        // Rows of packed codes and of per-group scales move together, each by its own row width.
-        let groups = weight.groups_per_row();
-        QuantizedWeight::from_parts(
-            weight.scheme(),
-            [tensor.shape[0], tensor.shape[1]],
-            rearrange(weight.packed_codes(), weight.row_bytes(), &place),
-            rearrange(weight.scales(), groups, &place),
-            weight.mins().map(|m| rearrange(m, groups, &place)),
-        )
+        let shape = [tensor.shape[0], tensor.shape[1]];
+        match weight {
+            // Whole rows of blocks move: a row's blocks cover exactly that output channel.
+            PackedWeight::Ggml(weight) => {
+                let blocks = rearrange(weight.blocks(), weight.row_bytes(), &place);
+                GgmlWeight::new(weight.ty(), shape, blocks).map(PackedWeight::Ggml)
+            }
+            // Rows of packed codes and of per-group scales move together, each by its own row width.
+            PackedWeight::Codes(weight) => {
+                let groups = weight.groups_per_row();
+                QuantizedWeight::from_parts(
+                    weight.scheme(),
+                    shape,
+                    rearrange(weight.packed_codes(), weight.row_bytes(), &place),
+                    rearrange(weight.scales(), groups, &place),
+                    weight.mins().map(|m| rearrange(m, groups, &place)),
+                )
+                .map(PackedWeight::Codes)
+            }
+        }
         .map(Some)
         .map_err(|e| self.blocks_error(info, e))
     }
+}
+
+/// A block-quantized GGUF matrix `[rows, cols]` as ember keeps it: Q8_0, Q4_0 and Q4_1 mapped onto ember's
+/// INT8/INT4 group-32 codes (whose decode kernel reads them fastest), every other type as its ggml blocks.
+fn packed(
+    ty: GgmlType,
+    bytes: &[u8],
+    shape: [usize; 2],
+) -> Result<PackedWeight, ember_optimization::QuantError> {
+    Ok(match ty {
+        GgmlType::Q8_0 => PackedWeight::Codes(QuantizedWeight::from_gguf_q8_0(bytes, shape)?),
+        GgmlType::Q4_0 => PackedWeight::Codes(QuantizedWeight::from_gguf_q4_0(bytes, shape)?),
+        GgmlType::Q4_1 => PackedWeight::Codes(QuantizedWeight::from_gguf_q4_1(bytes, shape)?),
+        _ => PackedWeight::Ggml(GgmlWeight::new(ty, shape, bytes.to_vec())?),
+    })
+}
+
+/// The model matrices of `file` that [`load_quantized`] cannot keep packed and dequantizes to f32 (their type
+/// is neither F32 nor one of [`GgmlType::BLOCK_QUANTIZED`], e.g. F16): `(GGUF tensor name, type)`, each once,
+/// so a caller can warn that they take more memory than in the file.
+pub fn unpacked_matrices(file: &GgufFile) -> crate::Result<Vec<(String, GgmlType)>> {
+    let (family, spec) = model_spec(file)?;
+    let source = GgufSource::new(file, family, &spec);
+    let mut unpacked: Vec<(String, GgmlType)> = Vec::new();
+    for tensor in spec.tensors().iter().filter(|t| t.shape.len() == 2) {
+        let Located { info, .. } = source.locate(tensor)?;
+        let ty = info.ggml_type;
+        if ty != GgmlType::F32
+            && !ty.is_block_quantized()
+            && !unpacked.iter().any(|(name, _)| *name == info.name)
+        {
+            unpacked.push((info.name.clone(), ty));
+        }
+    }
+    Ok(unpacked)
 }
 
 /// Loads a GGUF model onto `device`: its spec and every weight dequantized to f32.
@@ -237,8 +277,10 @@ pub fn load<B: crate::EmberBackend>(
     )
 }
 
-/// Loads a GGUF model onto `device` keeping its Q8_0, Q4_0 and Q4_1 matrices quantized exactly as stored (the
-/// dequantized values are bit-identical to ggml's); tensors of other types load as f32.
+/// Loads a GGUF model onto `device` keeping every block-quantized matrix ([`GgmlType::BLOCK_QUANTIZED`]) packed
+/// exactly as stored (the dequantized values are bit-identical to ggml's): Q8_0, Q4_0 and Q4_1 as ember's
+/// INT8/INT4 codes, the other types as their ggml blocks. Tensors of other types load as f32
+/// ([`unpacked_matrices`] lists the matrices among them).
 pub fn load_quantized<B: crate::EmberBackend>(
     file: &GgufFile,
     device: &B::Device,

@@ -8,8 +8,8 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
+use super::GgmlType;
 use super::error::GgufError;
-use super::ggml_type::GgmlType;
 use super::metadata::MetadataValue;
 
 /// The alignment of the data section and of every tensor when the file does not set `general.alignment`.

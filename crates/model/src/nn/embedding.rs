@@ -3,7 +3,7 @@
 use burn::module::{Module, Param};
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend, module::embedding};
 use ember_attention::EmberBackend;
-use ember_optimization::{QuantScheme, QuantizedLinear};
+use ember_optimization::{GgmlLinear, QuantScheme, QuantizedLinear};
 
 use crate::error::{ModelError, Result};
 
@@ -14,6 +14,8 @@ pub enum Embedding<B: Backend> {
     Dense(Param<Tensor<B, 2>>),
     /// Quantized table: a lookup dequantizes only the selected rows.
     Quantized(QuantizedLinear<B>),
+    /// Table kept as the ggml blocks of a GGUF file: a lookup dequantizes only the selected rows.
+    Ggml(GgmlLinear<B>),
 }
 
 impl<B: EmberBackend> Embedding<B> {
@@ -22,6 +24,7 @@ impl<B: EmberBackend> Embedding<B> {
         match self {
             Embedding::Dense(table) => super::linear::project(hidden, table.val(), None),
             Embedding::Quantized(table) => table.forward(hidden),
+            Embedding::Ggml(table) => table.forward(hidden),
         }
     }
 }
@@ -32,6 +35,7 @@ impl<B: Backend> Embedding<B> {
         match self {
             Embedding::Dense(table) => embedding(table.val(), ids),
             Embedding::Quantized(table) => table.embed(ids),
+            Embedding::Ggml(table) => table.embed(ids),
         }
     }
 
@@ -44,19 +48,23 @@ impl<B: Backend> Embedding<B> {
                     tensor: crate::tensors::EMBED.to_string(),
                     message: e.to_string(),
                 }),
-            quantized @ Embedding::Quantized(_) => Ok(quantized),
+            packed @ (Embedding::Quantized(_) | Embedding::Ggml(_)) => Ok(packed),
         }
     }
 
-    /// A quantized copy of the table as a projection (for a tied LM head over a dense table).
+    /// A quantized copy of the table as a projection (for a tied LM head over a dense table; a ggml table is
+    /// re-quantized from its dequantized values).
     pub fn quantized_head(&self, scheme: QuantScheme) -> Result<QuantizedLinear<B>> {
+        let quantize = |table: Tensor<B, 2>| {
+            QuantizedLinear::quantize(table, None, scheme).map_err(|e| ModelError::Quantization {
+                tensor: crate::tensors::LM_HEAD.to_string(),
+                message: e.to_string(),
+            })
+        };
         match self {
-            Embedding::Dense(table) => QuantizedLinear::quantize(table.val(), None, scheme)
-                .map_err(|e| ModelError::Quantization {
-                    tensor: crate::tensors::LM_HEAD.to_string(),
-                    message: e.to_string(),
-                }),
+            Embedding::Dense(table) => quantize(table.val()),
             Embedding::Quantized(table) => Ok(table.clone()),
+            Embedding::Ggml(table) => quantize(table.dequantize()),
         }
     }
 
@@ -65,6 +73,7 @@ impl<B: Backend> Embedding<B> {
         match self {
             Embedding::Dense(table) => table.val().into_data(),
             Embedding::Quantized(table) => table.dequantize().into_data(),
+            Embedding::Ggml(table) => table.dequantize().into_data(),
         }
     }
 
@@ -73,6 +82,7 @@ impl<B: Backend> Embedding<B> {
         match self {
             Embedding::Dense(table) => table.val().device(),
             Embedding::Quantized(table) => table.device(),
+            Embedding::Ggml(table) => table.device(),
         }
     }
 
@@ -81,6 +91,7 @@ impl<B: Backend> Embedding<B> {
         match self {
             Embedding::Dense(table) => 4 * table.val().shape().num_elements(),
             Embedding::Quantized(table) => table.memory_bytes(),
+            Embedding::Ggml(table) => table.memory_bytes(),
         }
     }
 }

@@ -4,7 +4,7 @@
 use burn::module::{Module, Param};
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 use ember_attention::EmberBackend;
-use ember_optimization::{QuantScheme, QuantizedLinear};
+use ember_optimization::{GgmlLinear, QuantScheme, QuantizedLinear};
 
 use crate::error::{ModelError, Result};
 
@@ -53,8 +53,11 @@ pub(crate) fn project<B: EmberBackend, const D: usize>(
 pub enum Linear<B: Backend> {
     /// f32 weight.
     Dense(DenseLinear<B>),
-    /// INT8/INT4 or GGUF-block weight, multiplied from its packed codes (see [`QuantizedLinear`]).
+    /// INT8/INT4 weight (ember's groups, or GGUF Q8_0/Q4_0/Q4_1 blocks mapped onto them), multiplied from its
+    /// packed codes (see [`QuantizedLinear`]).
     Quantized(QuantizedLinear<B>),
+    /// Weight kept as the ggml blocks of a GGUF file (see [`GgmlLinear`]).
+    Ggml(GgmlLinear<B>),
 }
 
 impl<B: EmberBackend> Linear<B> {
@@ -63,6 +66,7 @@ impl<B: EmberBackend> Linear<B> {
         match self {
             Linear::Dense(dense) => dense.forward(x),
             Linear::Quantized(quantized) => quantized.forward(x),
+            Linear::Ggml(ggml) => ggml.forward(x),
         }
     }
 }
@@ -80,7 +84,8 @@ impl<B: Backend> Linear<B> {
         Ok(self)
     }
 
-    /// Quantizes the weight with `scheme` where it is dense (the bias stays f32); `name` labels errors.
+    /// Quantizes the weight with `scheme` where it is dense (the bias stays f32); `name` labels errors. Packed
+    /// weights of either kind stay as they are.
     pub fn quantize_in_place(&mut self, scheme: QuantScheme, name: &str) -> Result<()> {
         let Linear::Dense(DenseLinear { weight, bias }) = self else {
             return Ok(());
@@ -109,6 +114,7 @@ impl<B: Backend> Linear<B> {
         match self {
             Linear::Dense(dense) => dense.weight.val().into_data(),
             Linear::Quantized(quantized) => quantized.dequantize().into_data(),
+            Linear::Ggml(ggml) => ggml.dequantize().into_data(),
         }
     }
 
@@ -117,6 +123,7 @@ impl<B: Backend> Linear<B> {
         match self {
             Linear::Dense(dense) => dense.bias.as_ref().map(|b| b.val().into_data()),
             Linear::Quantized(quantized) => quantized.bias().map(|b| b.clone().into_data()),
+            Linear::Ggml(ggml) => ggml.bias().map(|b| b.clone().into_data()),
         }
     }
 
@@ -131,11 +138,12 @@ impl<B: Backend> Linear<B> {
                         .map_or(0, |b| b.val().shape().num_elements()))
             }
             Linear::Quantized(quantized) => quantized.memory_bytes(),
+            Linear::Ggml(ggml) => ggml.memory_bytes(),
         }
     }
 
     /// Whether the weight is quantized.
     pub fn is_quantized(&self) -> bool {
-        matches!(self, Linear::Quantized(_))
+        matches!(self, Linear::Quantized(_) | Linear::Ggml(_))
     }
 }

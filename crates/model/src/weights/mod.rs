@@ -21,12 +21,13 @@ pub trait WeightSource {
     /// The values of `tensor`, row-major in its canonical shape (`[out, in]` for linear weights).
     fn take(&mut self, tensor: &TensorSpec) -> Result<Vec<f32>>;
 
-    /// The matrix `tensor` as stored quantized, for sources that hold it so (GGUF Q8_0/Q4_0/Q4_1), or `None`
-    /// to have it read as f32 with [`take`](Self::take). Asked first for every linear weight and the embedding.
+    /// The matrix `tensor` as stored packed, for sources that hold it so (ember's quantized checkpoints, GGUF
+    /// block-quantized tensors), or `None` to have it read as f32 with [`take`](Self::take). Asked first for
+    /// every linear weight and the embedding.
     fn take_quantized(
         &mut self,
         tensor: &TensorSpec,
-    ) -> Result<Option<ember_optimization::QuantizedWeight>> {
+    ) -> Result<Option<ember_optimization::PackedWeight>> {
         let _ = tensor;
         Ok(None)
     }

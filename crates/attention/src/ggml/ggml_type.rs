@@ -26,20 +26,51 @@ pub enum GgmlType {
     Q5_1,
     /// 32 eight-bit weights with one f16 scale.
     Q8_0,
+    /// 256-element super-block of sixteen 16-element sub-blocks with 4-bit scales and minimums, 2-bit weights.
+    Q2_K,
+    /// 256-element super-block of sixteen 16-element sub-blocks with 6-bit signed scales, 3-bit weights (the
+    /// third bit in a separate mask).
+    Q3_K,
     /// 256-element super-block of eight 32-element sub-blocks with 6-bit scales and minimums, 4-bit weights.
     Q4_K,
     /// As [`GgmlType::Q4_K`] with a fifth weight bit.
     Q5_K,
     /// 256-element super-block of sixteen 16-element sub-blocks with 8-bit scales, 6-bit weights.
     Q6_K,
+    /// 32 four-bit indices into a fixed non-uniform table of 16 levels, one f16 scale.
+    IQ4_NL,
+    /// 256-element super-block of eight 32-element IQ4_NL-style sub-blocks with 6-bit signed scales.
+    IQ4_XS,
     /// Any other ggml type, by number (readable as metadata, not dequantizable here).
     Other(u32),
 }
 
 impl GgmlType {
-    /// The types [`crate::gguf::dequantize`] supports, for error messages.
-    pub const SUPPORTED: &'static str =
-        "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K";
+    /// The types [`crate::ggml::dequantize`] supports, for error messages.
+    pub const SUPPORTED: &'static str = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS";
+
+    /// The block-quantized types a matrix can be kept packed in and multiplied from
+    /// ([`GgmlType::is_block_quantized`]).
+    pub const BLOCK_QUANTIZED: [GgmlType; 12] = [
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q5_0,
+        Self::Q5_1,
+        Self::Q8_0,
+        Self::Q2_K,
+        Self::Q3_K,
+        Self::Q4_K,
+        Self::Q5_K,
+        Self::Q6_K,
+        Self::IQ4_NL,
+        Self::IQ4_XS,
+    ];
+
+    /// Whether this is one of [`GgmlType::BLOCK_QUANTIZED`]: stored in blocks of several elements that
+    /// [`crate::ggml::dequantize_block`] expands.
+    pub fn is_block_quantized(self) -> bool {
+        Self::BLOCK_QUANTIZED.contains(&self)
+    }
 
     /// The type with ggml number `id`.
     pub fn from_id(id: u32) -> Self {
@@ -51,9 +82,13 @@ impl GgmlType {
             6 => Self::Q5_0,
             7 => Self::Q5_1,
             8 => Self::Q8_0,
+            10 => Self::Q2_K,
+            11 => Self::Q3_K,
             12 => Self::Q4_K,
             13 => Self::Q5_K,
             14 => Self::Q6_K,
+            20 => Self::IQ4_NL,
+            23 => Self::IQ4_XS,
             30 => Self::Bf16,
             other => Self::Other(other),
         }
@@ -69,9 +104,13 @@ impl GgmlType {
             Self::Q5_0 => 6,
             Self::Q5_1 => 7,
             Self::Q8_0 => 8,
+            Self::Q2_K => 10,
+            Self::Q3_K => 11,
             Self::Q4_K => 12,
             Self::Q5_K => 13,
             Self::Q6_K => 14,
+            Self::IQ4_NL => 20,
+            Self::IQ4_XS => 23,
             Self::Bf16 => 30,
             Self::Other(id) => id,
         }
@@ -87,9 +126,13 @@ impl GgmlType {
             Self::Q5_0 => (32, 2 + 4 + 16),
             Self::Q5_1 => (32, 2 + 2 + 4 + 16),
             Self::Q8_0 => (32, 2 + 32),
+            Self::Q2_K => (256, 16 + 64 + 2 + 2),
+            Self::Q3_K => (256, 32 + 64 + 12 + 2),
             Self::Q4_K => (256, 2 + 2 + 12 + 128),
             Self::Q5_K => (256, 2 + 2 + 12 + 32 + 128),
             Self::Q6_K => (256, 128 + 64 + 16 + 2),
+            Self::IQ4_NL => (32, 2 + 16),
+            Self::IQ4_XS => (256, 2 + 2 + 4 + 128),
             Self::Other(_) => return None,
         })
     }
@@ -106,9 +149,13 @@ impl fmt::Display for GgmlType {
             Self::Q5_0 => "Q5_0",
             Self::Q5_1 => "Q5_1",
             Self::Q8_0 => "Q8_0",
+            Self::Q2_K => "Q2_K",
+            Self::Q3_K => "Q3_K",
             Self::Q4_K => "Q4_K",
             Self::Q5_K => "Q5_K",
             Self::Q6_K => "Q6_K",
+            Self::IQ4_NL => "IQ4_NL",
+            Self::IQ4_XS => "IQ4_XS",
             Self::Other(id) => {
                 return write!(
                     f,
@@ -123,21 +170,17 @@ impl fmt::Display for GgmlType {
     }
 }
 
-/// ggml's names for the types this reader does not dequantize, so errors say e.g. `#11 (Q3_K)`.
+/// ggml's names for the types this reader does not dequantize, so errors say e.g. `#16 (IQ2_XXS)`.
 fn other_name(id: u32) -> Option<&'static str> {
     Some(match id {
         9 => "Q8_1",
-        10 => "Q2_K",
-        11 => "Q3_K",
         15 => "Q8_K",
         16 => "IQ2_XXS",
         17 => "IQ2_XS",
         18 => "IQ3_XXS",
         19 => "IQ1_S",
-        20 => "IQ4_NL",
         21 => "IQ3_S",
         22 => "IQ2_S",
-        23 => "IQ4_XS",
         24 => "I8",
         25 => "I16",
         26 => "I32",
