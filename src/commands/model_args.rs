@@ -57,6 +57,10 @@ impl LoadArgs {
         quiet: bool,
     ) -> anyhow::Result<Transformer<B>> {
         let format = self.quantize.weight_format()?;
+        if self.quantize.exact_products && !matches!(format, WeightFormat::Stored) {
+            bail!("--exact-products applies to --quantize gguf (GGUF blocks kept packed)");
+        }
+        ember_attention::set_exact_ggml_products(self.quantize.exact_products);
         Ok(load_with_progress::<B>(assets, device, &format, quiet)?.with_kernel(self.attention))
     }
 }
@@ -127,6 +131,11 @@ pub struct QuantizeArgs {
     /// With --quantize SCHEME: keep the LM head in f32 [default: off, the head is quantized].
     #[arg(long, requires = "quantize")]
     pub f32_lm_head: bool,
+    /// With --quantize gguf: multiply decode steps with the dequantized blocks in f32 instead of quantizing the
+    /// activations to 8 bits for integer dot products (as llama.cpp does); about twice as slow, exact up to f32
+    /// rounding [default: off].
+    #[arg(long, requires = "quantize")]
+    pub exact_products: bool,
 }
 
 impl QuantizeArgs {

@@ -115,10 +115,11 @@ fn smollm2_logits_and_greedy_ids_match_transformers() {
     assert_eq!(out.ids, ids(&want["greedy_ids"]));
 }
 
-/// `--quantize gguf`: the Q4_1 projections and the Q8_0 embedding/tied head stay quantized on the device, block
-/// for block. Their dequantized values are ggml's exactly, so the logits equal transformers' dequantized fp32
-/// run up to summation order (the same 1e-2 bound as the f32 load; the tiled quantized matmul adds only its own
-/// partial-sum order), the greedy answer is unchanged, and the weights take a fraction of the f32 memory.
+/// `--quantize gguf`: the Q4_1 projections and the Q8_0 embedding/tied head stay as their ggml blocks on the
+/// device. Their dequantized values are ggml's exactly, so the prompt's logits (the tiled exact path) equal
+/// transformers' dequantized fp32 run up to summation order (the same 1e-2 bound as the f32 load), and the
+/// weights take their file's bytes. Decoding: on the exact path the greedy answer is transformers'; the default
+/// integer path (8-bit activations, as llama.cpp) may part from it only at a near tie.
 #[test]
 fn smollm2_keeps_its_gguf_quantization_with_the_same_answers() {
     let Some(path) = gguf_path() else { return };
@@ -130,36 +131,70 @@ fn smollm2_keeps_its_gguf_quantization_with_the_same_answers() {
         .load_as::<Flex>(&device, None, &WeightFormat::Stored)
         .unwrap();
     assert!(model.layers[0].attn.q.is_quantized() && model.layers[29].mlp.down.is_quantized());
-    assert!(matches!(model.embed, Embedding::Quantized(_)) && model.lm_head.is_none());
+    assert!(matches!(model.embed, Embedding::Ggml(_)) && model.lm_head.is_none());
     let bytes = model.weight_memory_bytes();
     let f32_bytes = 4 * model.spec().parameter_count() as usize;
-    // Q4_1 holds 32 weights in 24 bytes (codes + f32 scale and min here, f16 in the file) and Q8_0 in 36.
-    assert!(bytes * 4 < f32_bytes, "{bytes} of {f32_bytes}");
+    // Q4_1 holds 32 weights in 20 bytes and Q8_0 in 34, as in the file.
+    assert!(bytes * 5 < f32_bytes, "{bytes} of {f32_bytes}");
 
     let lm = TransformerLm::new(model, device);
-    let mut state = lm.new_state(1).unwrap();
-    let logits = lm
-        .step(
-            &mut state,
-            std::slice::from_ref(&chat_ids),
-            &[vec![false; chat_ids.len()]],
-        )
-        .unwrap()
-        .remove(0);
-    let worst = ids(&want["logit_ids"])
-        .iter()
-        .zip(want["logits"].as_array().unwrap())
-        .map(|(id, r)| (f64::from(logits[*id as usize]) - r.as_f64().unwrap()).abs())
-        .fold(0.0, f64::max);
-    assert!(worst < 1e-2, "max |logit - transformers| = {worst}");
+    // Only the prompt's last row reaches the LM head, which takes the decode kernel: exact, the logits are
+    // transformers' up to summation order (1e-2, as the f32 load); on the integer path the head's 8-bit
+    // activations move them by about 0.2 (measured 0.19; llama.cpp's Q4_1 run is about 0.6 from the f32
+    // logits), held to 0.5.
+    let mut prompt_logits = Vec::new();
+    for (exact, bound) in [(true, 1e-2), (false, 0.5)] {
+        ember_attention::set_exact_ggml_products(exact);
+        let mut state = lm.new_state(1).unwrap();
+        let logits = lm
+            .step(
+                &mut state,
+                std::slice::from_ref(&chat_ids),
+                &[vec![false; chat_ids.len()]],
+            )
+            .unwrap()
+            .remove(0);
+        ember_attention::set_exact_ggml_products(false);
+        let worst = ids(&want["logit_ids"])
+            .iter()
+            .zip(want["logits"].as_array().unwrap())
+            .map(|(id, r)| (f64::from(logits[*id as usize]) - r.as_f64().unwrap()).abs())
+            .fold(0.0, f64::max);
+        assert!(
+            worst < bound,
+            "exact products: {exact}: max |logit - transformers| = {worst}"
+        );
+        prompt_logits.push(logits);
+    }
     let config = GenerationConfig {
         max_new_tokens: ids(&want["greedy_ids"]).len(),
         sampling: SamplingConfig::greedy(),
         eos: vec![2],
         ..GenerationConfig::default()
     };
-    let out = generate(&lm, None, &[chat_ids], &config, &mut |_, _| {})
-        .unwrap()
-        .remove(0);
-    assert_eq!(out.ids, ids(&want["greedy_ids"]));
+    let greedy = ids(&want["greedy_ids"]);
+    ember_attention::set_exact_ggml_products(true);
+    let out = generate(
+        &lm,
+        None,
+        std::slice::from_ref(&chat_ids),
+        &config,
+        &mut |_, _| {},
+    )
+    .unwrap()
+    .remove(0);
+    ember_attention::set_exact_ggml_products(false);
+    assert_eq!(out.ids, greedy, "the exact path answers as transformers");
+    // The integer path may pick another token only where the exact logits nearly tie: within twice its 0.5
+    // bound above. (Seen: this prompt's first token is such a tie, 504 at 25.33 against 60 at 25.24, and the
+    // integer path takes 60; on bench_compare's synthetic prompt its first 16 tokens equal llama.cpp's.)
+    let argmax = |l: &[f32]| (0..l.len()).max_by(|&a, &b| l[a].total_cmp(&l[b])).unwrap();
+    let [exact, integer] = [&prompt_logits[0], &prompt_logits[1]];
+    let picked = argmax(integer);
+    let gap = exact[greedy[0] as usize] - exact[picked];
+    assert!(
+        picked == greedy[0] as usize || gap < 1.0,
+        "the integer path picked {picked}, {gap} below the exact path's {}",
+        greedy[0]
+    );
 }

@@ -1,6 +1,7 @@
-//! Decode-shaped linear layers (one token, SmolLM2-135M widths) and prefill-shaped ones (a 128-token
-//! prompt): dense f32 matmul against `QuantizedLinear` for each scheme and `GgmlLinear` for a few ggml block
-//! types (random blocks: the kernels' speed does not depend on the values), on the reference CPU backend.
+//! Decode-shaped linear layers (one token, and four: a batched server's step; SmolLM2-135M widths) and
+//! prefill-shaped ones (a 128-token prompt): dense f32 matmul against `QuantizedLinear` for each scheme and
+//! `GgmlLinear` for the common ggml block types, on its default integer path (`ggml`) and its exact f32 one
+//! (`ggml-exact`; random blocks: the kernels' speed does not depend on the values), on the reference CPU backend.
 //!
 //! Run: `cargo bench -p ember-optimization --bench quantized_linear`
 
@@ -35,6 +36,11 @@ fn bench(c: &mut Criterion) {
         .chain(
             SHAPES[..2]
                 .iter()
+                .map(|&(name, shape)| ("decode4_linear", name, shape, 4)),
+        )
+        .chain(
+            SHAPES[..2]
+                .iter()
                 .map(|&(name, shape)| ("prefill_linear", name, shape, PREFILL_ROWS)),
         );
     for (kind, name, [out_features, in_features], rows) in cases {
@@ -54,9 +60,12 @@ fn bench(c: &mut Criterion) {
             b.iter(|| x.clone().matmul(dense.clone()).into_data())
         });
         for ty in [
+            GgmlType::Q4_0,
             GgmlType::Q4_1,
+            GgmlType::Q5_0,
             GgmlType::Q8_0,
             GgmlType::Q4_K,
+            GgmlType::Q5_K,
             GgmlType::Q6_K,
         ] {
             // K-quant rows are whole 256-element super-blocks; SmolLM2's 576-wide rows are not.
@@ -70,9 +79,17 @@ fn bench(c: &mut Criterion) {
                 &device,
             )
             .expect("whole blocks");
-            group.bench_with_input(BenchmarkId::new("ggml", ty), &layer, |b, layer| {
-                b.iter(|| layer.forward(x.clone()).into_data())
-            });
+            for (path, exact) in [("ggml", false), ("ggml-exact", true)] {
+                if exact && rows > 16 {
+                    // Prompts take the one (exact) tiled path either way.
+                    continue;
+                }
+                group.bench_with_input(BenchmarkId::new(path, ty), &layer, |b, layer| {
+                    ember_attention::set_exact_ggml_products(exact);
+                    b.iter(|| layer.forward(x.clone()).into_data());
+                    ember_attention::set_exact_ggml_products(false);
+                });
+            }
         }
         for scheme in ["int8", "int4-g32", "int4-g32-asym", "int4-g128"] {
             let parsed: QuantScheme = scheme.parse().expect("valid scheme");
@@ -101,7 +118,7 @@ fn random_blocks(ty: GgmlType, [rows, cols]: [usize; 2]) -> GgmlWeight {
         .collect();
     let fields: &[usize] = match ty {
         GgmlType::Q6_K => &[208],
-        GgmlType::Q8_0 => &[0],
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
         _ => &[0, 2],
     };
     let scale = half::f16::from_f32(0.01).to_le_bytes();

@@ -1,5 +1,6 @@
-//! [`GgmlLinear`] products of every packed ggml type, exact and native paths, against the f64 product of the
-//! dequantized weight (whose values are pinned bit for bit to ggml's by tests/ggml_blocks.rs).
+//! [`GgmlLinear`] products of every packed ggml type, exact and native paths (the native decode path both in
+//! integer arithmetic, its default, and in f32), against the f64 product of the dequantized weight (whose values
+//! are pinned bit for bit to ggml's by tests/ggml_blocks.rs).
 
 use burn::backend::Flex;
 use burn::tensor::{Tensor, TensorData};
@@ -34,13 +35,31 @@ fn random_weight(ty: GgmlType, [rows, cols]: [usize; 2], rng: &mut ChaCha8Rng) -
     GgmlWeight::new(ty, [rows, cols], blocks).unwrap()
 }
 
-/// `x W^T + b` in f64, and per element the sum of `|x_i w_i|` (plus `|b|`) that bounds its rounding error.
-fn reference(x: &[f32], w: &[f32], bias: Option<&[f32]>, cols: usize) -> (Vec<f64>, Vec<f64>) {
+/// `x W^T + b` in f64; per element the sum of `|x_i w_i|` (plus `|b|`) that bounds its rounding error; and the
+/// bound `Σ_i |w_i| d_i / 2` of the integer path's activation rounding (`d_i = max |x| / 127` over the 32-column
+/// chunk holding column `i`).
+fn reference(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    cols: usize,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let out = w.len() / cols;
     let mut exact = Vec::new();
     let mut scale = Vec::new();
+    let mut activation = Vec::new();
     for row in x.chunks_exact(cols) {
+        let steps: Vec<f64> = row
+            .chunks_exact(32)
+            .map(|c| f64::from(c.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0))
+            .collect();
         for (o, w) in w.chunks_exact(cols).enumerate() {
+            activation.push(
+                w.iter()
+                    .enumerate()
+                    .map(|(i, &w)| f64::from(w).abs() * steps[i / 32] / 2.0)
+                    .sum::<f64>(),
+            );
             let b = bias.map_or(0.0, |b| f64::from(b[o]));
             let terms = row
                 .iter()
@@ -51,7 +70,7 @@ fn reference(x: &[f32], w: &[f32], bias: Option<&[f32]>, cols: usize) -> (Vec<f6
         }
     }
     assert_eq!(exact.len(), x.len() / cols * out);
-    (exact, scale)
+    (exact, scale, activation)
 }
 
 #[test]
@@ -77,19 +96,29 @@ fn every_type_multiplies_like_the_f64_product_of_its_dequantized_weight() {
                     .collect();
                 let input =
                     Tensor::<Flex, 2>::from_data(TensorData::new(x.clone(), [rows, cols]), &device);
-                let (exact, scale) = reference(&x, &w, bias, cols);
+                let (exact, scale, activation) = reference(&x, &w, bias, cols);
+                // Decode-sized inputs (up to 16 rows) take the integer path unless the exact one is chosen.
+                let integer = rows <= 16;
+                let native = layer.forward(input.clone());
+                ember_attention::set_exact_ggml_products(true);
+                let native_f32 = layer.forward(input.clone());
+                ember_attention::set_exact_ggml_products(false);
                 let paths = [
-                    ("native", layer.forward(input.clone())),
-                    ("exact", layer.forward_exact(input)),
+                    ("native", native, integer),
+                    ("native-f32", native_f32, false),
+                    ("exact", layer.forward_exact(input), false),
                 ];
-                for (path, y) in paths {
+                for (path, y, integer) in paths {
                     assert_eq!(y.dims(), [rows, out]);
                     let y = y.into_data().into_vec::<f32>().unwrap();
                     for (i, (&y, (&e, &s))) in y.iter().zip(exact.iter().zip(&scale)).enumerate() {
                         // Any f32 summation order of `cols` products plus the bias is within
                         // `(cols + 1) * u * sum |terms|` of the exact sum (u = eps / 2, the unit roundoff);
                         // `cols * eps` leaves a factor of two. A wrong block, scale or row is off by O(|y|).
-                        let tolerance = cols as f64 * f64::from(f32::EPSILON) * s;
+                        // The integer path adds its activation rounding's bound (crates/attention's int_dot
+                        // tests pin the path itself to f32 rounding when that rounding is zero).
+                        let tolerance = cols as f64 * f64::from(f32::EPSILON) * s
+                            + if integer { activation[i] } else { 0.0 };
                         assert!(
                             (f64::from(y) - e).abs() <= tolerance,
                             "{ty} {path} rows={rows} bias={with_bias} element {i}: {y} vs {e} (tolerance {tolerance})"

@@ -6,8 +6,9 @@
 //! are compute-bound: tiles of output channels are dequantized into one reused buffer and multiplied with gemm,
 //! as the INT8/INT4 kernel does.
 //!
-//! The float activations meet f32 weights here; an integer-dot kernel (activations quantized to Q8 blocks, as
-//! llama.cpp's `vec_dot` kernels do) would take the decode path's place per type, behind the same entry point.
+//! By default a decode step takes the integer path instead ([`super::int_dot`]: activations quantized to 8-bit
+//! chunks, integer dot products with the blocks, as llama.cpp's `vec_dot` kernels do); the float path here is the
+//! exact one [`super::set_exact_ggml_products`] selects.
 
 use burn::backend::flex::FlexTensor;
 use burn::tensor::Shape;
@@ -43,8 +44,10 @@ pub(crate) fn ggml_dense(
     let dst = &mut result.storage_mut::<f32>()[..rows * out];
     if rows > MAX_ROWS {
         many_rows(x, rows, weight, bias, dst);
-    } else {
+    } else if super::exact_ggml_products() {
         few_rows(x, rows, weight, bias, dst);
+    } else {
+        super::int_dot::few_rows(x, rows, weight, bias, dst);
     }
     Some(result)
 }

@@ -10,8 +10,10 @@ mod backend;
 mod cross_entropy;
 mod flash;
 mod ggml;
+mod int_dot;
 mod linear;
 mod norm;
+mod q8;
 pub(crate) mod quantized;
 mod rope;
 mod simd;
@@ -27,6 +29,7 @@ pub(crate) use rope::rope_rotate;
 pub(crate) use swiglu::{swiglu, swiglu_backward};
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::{Bytes, DType, Shape};
@@ -77,6 +80,23 @@ pub fn with_kernel_threads<R>(threads: usize, f: impl FnOnce() -> R) -> R {
 pub fn kernel_threads() -> usize {
     let pool = rayon::current_num_threads();
     KERNEL_THREADS.with(|limit| limit.get().map_or(pool, |cap| cap.min(pool)))
+}
+
+/// See [`set_exact_ggml_products`].
+static EXACT_GGML_PRODUCTS: AtomicBool = AtomicBool::new(false);
+
+/// Chooses, for the whole process, how burn-flex multiplies a decode step (up to 16 rows) with a weight kept as
+/// ggml blocks: `false` (the default, as llama.cpp does) quantizes each activation row to 8-bit chunks and takes
+/// integer dot products with the blocks, moving each output by at most `Σ |w_i| d_i / 2` (`d_i` the activation
+/// chunk's scale, `max |x| / 127`); `true` multiplies f32 activations with the dequantized blocks, exact up to
+/// f32 rounding and about twice as slow: the oracle. Prompts (more rows) always take the exact tiled path.
+pub fn set_exact_ggml_products(exact: bool) {
+    EXACT_GGML_PRODUCTS.store(exact, Ordering::Relaxed);
+}
+
+/// Whether [`set_exact_ggml_products`] chose the exact path.
+pub fn exact_ggml_products() -> bool {
+    EXACT_GGML_PRODUCTS.load(Ordering::Relaxed)
 }
 
 /// A zero-filled f32 tensor of `shape`. `FlexTensor::empty` allocates bytes and copies them once more to

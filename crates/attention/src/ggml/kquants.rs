@@ -33,7 +33,7 @@ pub(crate) fn q2_k(b: &[u8], out: &mut [f32]) {
 /// The sixteen 6-bit scales of Q3_K, unsigned (0..64): the low nibbles are those of bytes 0..8 (scales 0..8)
 /// then their high nibbles (scales 8..16); the top two bits of scale `s` are bit pair `s / 4` of byte `8 + s % 4`.
 #[inline(always)]
-fn q3_k_scale(scales: &[u8], s: usize) -> u8 {
+pub(crate) fn q3_k_scale(scales: &[u8], s: usize) -> u8 {
     let low = (scales[s % 8] >> (4 * (s / 8))) & 0x0F;
     let high = (scales[8 + s % 4] >> (2 * (s / 4))) & 0x03;
     low | (high << 4)
@@ -65,7 +65,7 @@ pub(crate) fn q3_k(b: &[u8], out: &mut [f32]) {
 /// six bits of scales 0..4, bytes 4..8 those of mins 0..4, bytes 8..12 the low nibbles of scales/mins 4..8, whose
 /// top two bits are the top bits of bytes 0..8.
 #[inline(always)]
-fn scale_min_k4(scales: &[u8], j: usize) -> (u8, u8) {
+pub(crate) fn scale_min_k4(scales: &[u8], j: usize) -> (u8, u8) {
     if j < 4 {
         (scales[j] & 0x3F, scales[j + 4] & 0x3F)
     } else {

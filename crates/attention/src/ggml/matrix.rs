@@ -55,33 +55,39 @@ impl<'a> GgmlMatrix<'a> {
     }
 
     /// The block type.
+    #[inline]
     pub fn ty(&self) -> GgmlType {
         self.ty
     }
 
     /// `[rows, cols]`.
+    #[inline]
     pub fn shape(&self) -> [usize; 2] {
         [self.rows, self.cols]
     }
 
     /// `(elements, bytes)` of one block.
+    #[inline]
     pub fn block_geometry(&self) -> (usize, usize) {
         // `new` accepted only types with a geometry.
         self.ty.block_geometry().unwrap_or((1, 1))
     }
 
     /// Bytes of one row.
+    #[inline]
     pub fn row_bytes(&self) -> usize {
         let (block_len, block_bytes) = self.block_geometry();
         self.cols / block_len * block_bytes
     }
 
     /// All the block bytes, `[rows, row_bytes]`.
+    #[inline]
     pub fn bytes(&self) -> &'a [u8] {
         self.blocks
     }
 
     /// The blocks of row `r`.
+    #[inline]
     pub fn row(&self, r: usize) -> &'a [u8] {
         let n = self.row_bytes();
         &self.blocks[r * n..(r + 1) * n]

@@ -227,19 +227,19 @@ impl crate::weights::WeightSource for GgufSource<'_> {
     }
 }
 
-/// A block-quantized GGUF matrix `[rows, cols]` as ember keeps it: Q8_0, Q4_0 and Q4_1 mapped onto ember's
-/// INT8/INT4 group-32 codes (whose decode kernel reads them fastest), every other type as its ggml blocks.
+/// A block-quantized GGUF matrix `[rows, cols]` as ember keeps it: its ggml blocks, every type alike. (Q8_0,
+/// Q4_0 and Q4_1 used to become ember's INT8/INT4 codes, whose f32 decode kernel was then the fastest; the
+/// integer-dot kernel of the blocks is now as fast for one row and faster for a batch, in the file's bytes.)
 fn packed(
     ty: GgmlType,
     bytes: &[u8],
     shape: [usize; 2],
 ) -> Result<PackedWeight, ember_optimization::QuantError> {
-    Ok(match ty {
-        GgmlType::Q8_0 => PackedWeight::Codes(QuantizedWeight::from_gguf_q8_0(bytes, shape)?),
-        GgmlType::Q4_0 => PackedWeight::Codes(QuantizedWeight::from_gguf_q4_0(bytes, shape)?),
-        GgmlType::Q4_1 => PackedWeight::Codes(QuantizedWeight::from_gguf_q4_1(bytes, shape)?),
-        _ => PackedWeight::Ggml(GgmlWeight::new(ty, shape, bytes.to_vec())?),
-    })
+    Ok(PackedWeight::Ggml(GgmlWeight::new(
+        ty,
+        shape,
+        bytes.to_vec(),
+    )?))
 }
 
 /// The model matrices of `file` that [`load_quantized`] cannot keep packed and dequantizes to f32 (their type
@@ -278,8 +278,7 @@ pub fn load<B: crate::EmberBackend>(
 }
 
 /// Loads a GGUF model onto `device` keeping every block-quantized matrix ([`GgmlType::BLOCK_QUANTIZED`]) packed
-/// exactly as stored (the dequantized values are bit-identical to ggml's): Q8_0, Q4_0 and Q4_1 as ember's
-/// INT8/INT4 codes, the other types as their ggml blocks. Tensors of other types load as f32
+/// exactly as stored, as their ggml blocks (the dequantized values are bit-identical to ggml's). Tensors of other types load as f32
 /// ([`unpacked_matrices`] lists the matrices among them).
 pub fn load_quantized<B: crate::EmberBackend>(
     file: &GgufFile,

@@ -56,5 +56,6 @@ fn max_rel(a: &[f32], b: &[f32], floor: f32) -> f32 {
 }
 
 mod elementwise;
+mod int_dot;
 mod products;
 mod quantized;

@@ -1,0 +1,347 @@
+//! The decode path of ggml-packed weights in integer arithmetic, as llama.cpp's `vec_dot_*_q8` kernels do: each
+//! activation row is quantized once to 8-bit chunks ([`super::q8`]), each weight block is unpacked once into
+//! small integers ([`crate::ggml::unpack`]), and their products are summed exactly in 32-bit integers, 32
+//! weights per AVX2 `maddubs` + `madd`, before one f32 multiply-add per 16-element half applies both scales.
+//!
+//! Error: the weights are used exactly (up to f32 rounding of their per-half map); each activation moves by at
+//! most half its chunk's scale, so an output moves by at most `Σ_i |w_i| * d_i / 2` (`d_i = max |x| / 127` of
+//! the chunk holding column `i`), about 0.4% of `Σ |w x|` at worst and far less on average.
+//!
+//! Each output channel's blocks are unpacked once per group of up to [`GROUP`] rows, whose chunks then reuse
+//! them from registers; a row's result goes through the same operations in the same order whatever the group,
+//! so it is bit-identical alone and in a batch. Channels are split across the pool as the float decode path
+//! splits them, and nothing is allocated per call once a thread's activation buffer has grown.
+
+use std::cell::Cell;
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use super::kernel_threads;
+use super::linear::OutPtr;
+use super::q8::{Q8Chunk, quantize};
+use super::quantized::CHANNELS_PER_TASK;
+use super::simd::vectorized;
+use crate::ggml::GgmlMatrix;
+use crate::ggml::unpack::{CHUNK_LEN, IntChunk, Unpack, with_unpacker};
+
+/// Rows sharing one unpacking of a weight block: four f32x8 accumulators leave AVX2's sixteen registers room
+/// for the weights and the products.
+const GROUP: usize = 4;
+
+/// Chunks unpacked at a time: one K-quant super-block or eight legacy blocks, so the loads of a chunk never wait
+/// on the stores that just wrote it.
+const SPAN: usize = 8;
+
+thread_local! {
+    /// The quantized activations of the calling thread's last product, kept to be reused.
+    static ACTIVATIONS: Cell<Vec<Q8Chunk>> = const { Cell::new(Vec::new()) };
+}
+
+/// A multiply-add of 32 integer weights with 32 activations, per instruction set.
+pub(super) trait Dot: Copy {
+    /// Partial sums of one output.
+    type Acc: Copy;
+    fn zero(self) -> Self::Acc;
+    /// `acc + Σ_h scale[h] * Σ_{i in half h} w[i] * x[i]`, with `w` unsigned bytes, or `i8` when `SIGNED`.
+    fn madd<const SIGNED: bool>(
+        self,
+        acc: Self::Acc,
+        w: &[u8; CHUNK_LEN],
+        x: &[i8; CHUNK_LEN],
+        scale: [f32; 2],
+    ) -> Self::Acc;
+    fn sum(self, acc: Self::Acc) -> f32;
+}
+
+/// Plain Rust, for CPUs without AVX2 (and the oracle the AVX2 path is tested against).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Portable;
+
+impl Dot for Portable {
+    type Acc = [f32; 2];
+
+    #[inline(always)]
+    fn zero(self) -> [f32; 2] {
+        [0.0; 2]
+    }
+
+    #[inline(always)]
+    fn madd<const SIGNED: bool>(
+        self,
+        acc: [f32; 2],
+        w: &[u8; CHUNK_LEN],
+        x: &[i8; CHUNK_LEN],
+        scale: [f32; 2],
+    ) -> [f32; 2] {
+        let mut out = acc;
+        for (h, out) in out.iter_mut().enumerate() {
+            let half = 16 * h..16 * h + 16;
+            let sum: i32 = w[half.clone()]
+                .iter()
+                .zip(&x[half])
+                .map(|(&w, &x)| {
+                    let w = if SIGNED {
+                        i32::from(w as i8)
+                    } else {
+                        i32::from(w)
+                    };
+                    w * i32::from(x)
+                })
+                .sum();
+            *out += scale[h] * sum as f32;
+        }
+        out
+    }
+
+    #[inline(always)]
+    fn sum(self, acc: [f32; 2]) -> f32 {
+        acc[0] + acc[1]
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(super) use avx2::Avx2;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{CHUNK_LEN, Dot};
+    use crate::cpu::simd::has_avx2_fma;
+
+    /// Proof that the running CPU has AVX2 and FMA: only [`Avx2::detect`] makes one. Its methods are inlined into
+    /// functions compiled with those features (`run_avx2`), where the intrinsics become single instructions.
+    #[derive(Clone, Copy, Debug)]
+    pub(in crate::cpu) struct Avx2(());
+
+    impl Avx2 {
+        pub(in crate::cpu) fn detect() -> Option<Self> {
+            has_avx2_fma().then_some(Self(()))
+        }
+    }
+
+    impl Dot for Avx2 {
+        type Acc = __m256;
+
+        #[inline(always)]
+        fn zero(self) -> __m256 {
+            // SAFETY: `self` proves AVX (implied by AVX2).
+            unsafe { _mm256_setzero_ps() }
+        }
+
+        #[inline(always)]
+        fn madd<const SIGNED: bool>(
+            self,
+            acc: __m256,
+            w: &[u8; CHUNK_LEN],
+            x: &[i8; CHUNK_LEN],
+            scale: [f32; 2],
+        ) -> __m256 {
+            // SAFETY: `self` proves AVX2 and FMA; both loads read exactly the 32 bytes of their arrays.
+            unsafe {
+                let w = _mm256_loadu_si256(w.as_ptr().cast());
+                let x = _mm256_loadu_si256(x.as_ptr().cast());
+                // `maddubs` multiplies unsigned by signed bytes; signed weights give their sign to the activation
+                // (|w| <= 128 and |x| <= 127 keep every pair sum within i16).
+                let pairs = if SIGNED {
+                    _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+                } else {
+                    _mm256_maddubs_epi16(w, x)
+                };
+                // Lanes 0..4 hold the first half's sums, 4..8 the second's: one scale each.
+                let sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+                let scale = _mm256_setr_m128(_mm_set1_ps(scale[0]), _mm_set1_ps(scale[1]));
+                _mm256_fmadd_ps(sums, scale, acc)
+            }
+        }
+
+        #[inline(always)]
+        fn sum(self, acc: __m256) -> f32 {
+            // SAFETY: `self` proves AVX.
+            unsafe {
+                let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+            }
+        }
+    }
+}
+
+/// One product: the weight, the quantized rows `[rows, cols / 32]`, the bias and where `[rows, out]` goes.
+struct Plan<'a> {
+    weight: GgmlMatrix<'a>,
+    activations: &'a [Q8Chunk],
+    rows: usize,
+    bias: Option<&'a [f32]>,
+    dst: OutPtr,
+}
+
+/// `x` `[rows, cols]` (at most a decode batch) times `weight` transposed plus `bias`, into `dst` `[rows, out]`.
+pub(super) fn few_rows(
+    x: &[f32],
+    rows: usize,
+    weight: GgmlMatrix<'_>,
+    bias: Option<&[f32]>,
+    dst: &mut [f32],
+) {
+    product(x, rows, weight, bias, dst, run);
+}
+
+/// [`few_rows`] on the portable path whatever the CPU: the AVX2 path's oracle.
+#[cfg(test)]
+pub(super) fn few_rows_portable(
+    x: &[f32],
+    rows: usize,
+    weight: GgmlMatrix<'_>,
+    bias: Option<&[f32]>,
+    dst: &mut [f32],
+) {
+    product(x, rows, weight, bias, dst, |plan, channels| {
+        channels_with(Portable, plan, channels)
+    });
+}
+
+/// Quantizes `x` and runs `channels` over the output channels in parallel tasks.
+fn product(
+    x: &[f32],
+    rows: usize,
+    weight: GgmlMatrix<'_>,
+    bias: Option<&[f32]>,
+    dst: &mut [f32],
+    channels: impl Fn(&Plan<'_>, Range<usize>) + Sync,
+) {
+    let [out, cols] = weight.shape();
+    // Taken out of the cell rather than borrowed, as the tile buffer is: a product run while this one waits for
+    // the pool finds it empty and allocates its own.
+    let mut activations = ACTIVATIONS.take();
+    let chunks = rows * cols / CHUNK_LEN;
+    if activations.len() < chunks {
+        activations.resize(chunks, Q8Chunk::default());
+    }
+    vectorized!(quantize(&x[..rows * cols], &mut activations[..chunks]));
+    let plan = Plan {
+        weight,
+        activations: &activations[..chunks],
+        rows,
+        bias,
+        dst: OutPtr(dst.as_mut_ptr()),
+    };
+    let tasks = out.div_ceil(CHANNELS_PER_TASK);
+    let task = |t: usize| {
+        channels(
+            &plan,
+            t * CHANNELS_PER_TASK..((t + 1) * CHANNELS_PER_TASK).min(out),
+        )
+    };
+    if kernel_threads() == 1 || tasks == 1 {
+        (0..tasks).for_each(task);
+    } else {
+        (0..tasks).into_par_iter().for_each(task);
+    }
+    ACTIVATIONS.set(activations);
+}
+
+/// Output channels `channels` of `plan`, on the best instruction set the CPU has.
+fn run(plan: &Plan<'_>, channels: Range<usize>) {
+    with_unpacker!(plan.weight.ty(), |U| run_typed::<U>(plan, channels), ())
+}
+
+/// [`run`] for one block type: each type gets its own AVX2 function, small enough for LLVM to inline the
+/// unpacker and the intrinsics into it (one function for all twelve types exhausted its inlining budget and
+/// left the unpackers as calls).
+#[inline(always)]
+fn run_typed<U: Unpack>(plan: &Plan<'_>, channels: Range<usize>) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(avx2) = Avx2::detect() {
+        // SAFETY: `avx2` proves the CPU has the features `typed_avx2` is compiled with.
+        return unsafe { typed_avx2::<U>(avx2, plan, channels) };
+    }
+    type_channels::<Portable, U>(Portable, plan, channels)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn typed_avx2<U: Unpack>(avx2: Avx2, plan: &Plan<'_>, channels: Range<usize>) {
+    type_channels::<Avx2, U>(avx2, plan, channels)
+}
+
+/// Output channels `channels` of `plan` with `dot`, for tests that choose the instruction set.
+#[cfg(test)]
+fn channels_with<D: Dot>(dot: D, plan: &Plan<'_>, channels: Range<usize>) {
+    with_unpacker!(
+        plan.weight.ty(),
+        |U| type_channels::<D, U>(dot, plan, channels),
+        ()
+    )
+}
+
+#[inline(always)]
+fn type_channels<D: Dot, U: Unpack>(dot: D, plan: &Plan<'_>, channels: Range<usize>) {
+    let [out, _] = plan.weight.shape();
+    for o in channels {
+        let row = plan.weight.row(o);
+        let bias = plan.bias.map_or(0.0, |b| b[o]);
+        let write = |first: usize, sums: &[f32]| {
+            for (r, &sum) in (first..).zip(sums) {
+                // SAFETY: `dst` is `[rows, out]`; `r < rows` and `o < out`, and each channel `o` belongs to
+                // exactly one task, so no two writes touch the same element and nothing reads `dst` meanwhile.
+                unsafe { *plan.dst.get().add(r * out + o) = sum + bias };
+            }
+        };
+        let mut first = 0;
+        while first + GROUP <= plan.rows {
+            write(first, &group::<D, U, GROUP>(dot, plan, row, first));
+            first += GROUP;
+        }
+        for r in first..plan.rows {
+            write(r, &group::<D, U, 1>(dot, plan, row, r));
+        }
+    }
+}
+
+/// One channel's blocks `row` dotted with rows `first..first + R`.
+#[inline(always)]
+fn group<D: Dot, U: Unpack, const R: usize>(
+    dot: D,
+    plan: &Plan<'_>,
+    row: &[u8],
+    first: usize,
+) -> [f32; R] {
+    let [_, cols] = plan.weight.shape();
+    let (per_block, block_bytes) = (U::CHUNKS, U::BLOCK_BYTES);
+    let per_row = cols / CHUNK_LEN;
+    let rows = &plan.activations[first * per_row..(first + R) * per_row];
+    let mut chunks = [IntChunk::default(); SPAN];
+    let mut acc = [dot.zero(); R];
+    let mut mins = [0f32; R];
+    for (s, span) in row.chunks(SPAN / per_block * block_bytes).enumerate() {
+        let n = span.len() / block_bytes * per_block;
+        for (block, chunks) in span
+            .chunks_exact(block_bytes)
+            .zip(chunks.chunks_exact_mut(per_block))
+        {
+            U::unpack(block, chunks);
+        }
+        for (c, w) in chunks[..n].iter().enumerate() {
+            for (r, (acc, min)) in acc.iter_mut().zip(&mut mins).enumerate() {
+                let a = &rows[r * per_row + s * SPAN + c];
+                let scale = [w.scale[0] * a.d, w.scale[1] * a.d];
+                // `U::SIGNED` is a constant: one arm survives.
+                *acc = if U::SIGNED {
+                    dot.madd::<true>(*acc, &w.q, &a.q, scale)
+                } else {
+                    dot.madd::<false>(*acc, &w.q, &a.q, scale)
+                };
+                if !U::SIGNED {
+                    *min += w.min[0] * a.sums[0] + w.min[1] * a.sums[1];
+                }
+            }
+        }
+    }
+    let mut sums = [0f32; R];
+    for ((sum, acc), min) in sums.iter_mut().zip(acc).zip(mins) {
+        *sum = dot.sum(acc) + min;
+    }
+    sums
+}

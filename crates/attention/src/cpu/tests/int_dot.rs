@@ -1,0 +1,285 @@
+//! The integer decode path of ggml-packed weights against the f64 product of the dequantized weights, for every
+//! packed type: exact (up to f32 rounding) when the activations lie on the 8-bit grid, within the activation
+//! rounding's bound otherwise, the AVX2 path against the portable one, and a row alone against the same row in
+//! a batch.
+
+use super::values;
+use crate::cpu::int_dot::{few_rows, few_rows_portable};
+use crate::cpu::q8::{Q8Chunk, quantize};
+use crate::ggml::unpack::{CHUNK_LEN, IntChunk, Unpack, with_unpacker};
+use crate::ggml::{GgmlMatrix, GgmlType, dequantize};
+
+/// Byte offsets of each block's f16 fields (ggml's block structs), which random bytes must not make NaN.
+fn f16_fields(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q6_K => &[208],
+        _ => &[0],
+    }
+}
+
+/// `[out, cols]` random valid blocks of `ty`: every integer field random, f16 fields finite.
+fn random_blocks(ty: GgmlType, [out, cols]: [usize; 2], seed: u64) -> Vec<u8> {
+    let (block_len, block_bytes) = ty.block_geometry().unwrap();
+    let n = out * cols / block_len;
+    let mut blocks: Vec<u8> = values(n * block_bytes, seed, 1.0)
+        .into_iter()
+        .map(|v| ((v + 1.0) * 127.99) as u8)
+        .collect();
+    let scales = values(n * 2, seed + 1, 0.1);
+    for (b, block) in blocks.chunks_exact_mut(block_bytes).enumerate() {
+        for (k, &at) in f16_fields(ty).iter().enumerate() {
+            let value = half::f16::from_f32(scales[2 * b + k]);
+            block[at..at + 2].copy_from_slice(&value.to_le_bytes());
+        }
+    }
+    blocks
+}
+
+/// Every chunk of `weight` as the kernel sees it, `[out, cols / 32]`.
+fn chunks_of(weight: GgmlMatrix<'_>) -> Vec<IntChunk> {
+    let [out, cols] = weight.shape();
+    let (block_len, block_bytes) = weight.block_geometry();
+    let mut chunks = vec![IntChunk::default(); out * cols / CHUNK_LEN];
+    let per_block = block_len / CHUNK_LEN;
+    for (block, chunks) in weight
+        .bytes()
+        .chunks_exact(block_bytes)
+        .zip(chunks.chunks_exact_mut(per_block))
+    {
+        with_unpacker!(weight.ty(), |U| U::unpack(block, chunks), ());
+    }
+    chunks
+}
+
+/// Per output: the exact `x W^T + b` in f64, the activation rounding's bound `Σ_i |w_i| d_i / 2`, and the f32
+/// rounding bound of the kernel's arithmetic. The integer sums are exact; each chunk adds its two halves through
+/// about eight f32 roundings (the maps `d * sc` and `dmin * m`, the scale times the activation scale, the
+/// multiply-adds, the minimum terms) on terms bounded by `T = Σ_h |scale_h| Σ |q x| + |min_h| Σ |x|` (the offset
+/// moved into the minimum can make `T` a few times `Σ |w x|`), and the chunk sums accumulate over `cols / 32`
+/// chunks: `(cols / 32 + 16) * eps * T` covers both with room (eps is twice the unit roundoff).
+fn reference(
+    x: &[f32],
+    rows: usize,
+    weight: GgmlMatrix<'_>,
+    bias: Option<&[f32]>,
+) -> Vec<(f64, f64, f64)> {
+    let [out, cols] = weight.shape();
+    let w = dequantize(weight.ty(), weight.bytes()).unwrap();
+    let chunks = chunks_of(weight);
+    let signed = with_unpacker!(weight.ty(), |U| U::SIGNED, unreachable!());
+    let mut result = Vec::new();
+    for row in x.chunks_exact(cols).take(rows) {
+        let scales: Vec<f64> = row
+            .chunks_exact(CHUNK_LEN)
+            .map(|c| f64::from(c.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0))
+            .collect();
+        for o in 0..out {
+            let w = &w[o * cols..(o + 1) * cols];
+            let b = bias.map_or(0.0, |b| f64::from(b[o]));
+            let exact = row
+                .iter()
+                .zip(w)
+                .map(|(&x, &w)| f64::from(x) * f64::from(w))
+                .sum::<f64>()
+                + b;
+            let activation = w
+                .iter()
+                .enumerate()
+                .map(|(i, &w)| f64::from(w).abs() * scales[i / CHUNK_LEN] / 2.0)
+                .sum::<f64>();
+            let mut terms = b.abs();
+            for (c, chunk) in chunks[o * cols / CHUNK_LEN..(o + 1) * cols / CHUNK_LEN]
+                .iter()
+                .enumerate()
+            {
+                for (i, &q) in chunk.q.iter().enumerate() {
+                    let q = if signed {
+                        f64::from(q as i8)
+                    } else {
+                        f64::from(q)
+                    };
+                    let x = f64::from(row[c * CHUNK_LEN + i]).abs();
+                    let h = i / 16;
+                    terms += (f64::from(chunk.scale[h]) * q).abs() * x
+                        + f64::from(chunk.min[h]).abs() * x;
+                }
+            }
+            let rounding = (cols / CHUNK_LEN + 16) as f64 * f64::from(f32::EPSILON) * terms;
+            result.push((exact, activation, rounding));
+        }
+    }
+    result
+}
+
+/// Activations whose chunks are exact on the 8-bit grid: `q / 16` with `|q| <= 127` and each chunk's first value
+/// `±127 / 16`, so the chunk scale is `1 / 16` and quantizing them loses nothing.
+fn on_grid(n: usize, seed: u64) -> Vec<f32> {
+    values(n, seed, 1.0)
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let q = if i % CHUNK_LEN == 0 {
+                if v < 0.0 { -127.0 } else { 127.0 }
+            } else {
+                (v * 127.0).round()
+            };
+            q / 16.0
+        })
+        .collect()
+}
+
+/// A decode-path kernel's signature.
+type Kernel = fn(&[f32], usize, GgmlMatrix<'_>, Option<&[f32]>, &mut [f32]);
+
+fn product(
+    kernel: Kernel,
+    x: &[f32],
+    rows: usize,
+    weight: GgmlMatrix<'_>,
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
+    let [out, _] = weight.shape();
+    let mut y = vec![f32::NAN; rows * out];
+    kernel(x, rows, weight, bias, &mut y);
+    y
+}
+
+// 130 output channels: three parallel tasks, the last partial. 512 columns: two K-quant super-blocks, sixteen
+// legacy blocks (two spans of eight).
+const SHAPE: [usize; 2] = [130, 512];
+
+#[test]
+fn on_grid_activations_make_the_integer_path_exact_up_to_f32_rounding() {
+    let [out, cols] = SHAPE;
+    for (t, ty) in GgmlType::BLOCK_QUANTIZED.into_iter().enumerate() {
+        let blocks = random_blocks(ty, SHAPE, 100 + t as u64);
+        let weight = GgmlMatrix::new(ty, SHAPE, &blocks).unwrap();
+        let bias = values(out, 7, 1.0);
+        // 1: a single row; 6: a group of four and two single rows.
+        for (rows, bias) in [(1, None), (6, Some(&bias[..]))] {
+            let x = on_grid(rows * cols, 3 + rows as u64);
+            let reference = reference(&x, rows, weight, bias);
+            let kernels: [(&str, Kernel); 2] =
+                [("native", few_rows), ("portable", few_rows_portable)];
+            for (path, kernel) in kernels {
+                let y = product(kernel, &x, rows, weight, bias);
+                for (i, (&y, &(exact, _, rounding))) in y.iter().zip(&reference).enumerate() {
+                    assert!(
+                        (f64::from(y) - exact).abs() <= rounding,
+                        "{ty} {path} rows={rows} element {i}: {y} vs {exact} (tolerance {rounding})"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn off_grid_activations_stay_within_the_bound_of_their_rounding() {
+    let [_, cols] = SHAPE;
+    let rows = 5;
+    for (t, ty) in GgmlType::BLOCK_QUANTIZED.into_iter().enumerate() {
+        let blocks = random_blocks(ty, SHAPE, 200 + t as u64);
+        let weight = GgmlMatrix::new(ty, SHAPE, &blocks).unwrap();
+        let x = values(rows * cols, 11 + t as u64, 2.0);
+        let reference = reference(&x, rows, weight, None);
+        let y = product(few_rows, &x, rows, weight, None);
+        let mut worst = 0f64;
+        for (i, (&y, &(exact, activation, rounding))) in y.iter().zip(&reference).enumerate() {
+            let error = (f64::from(y) - exact).abs();
+            assert!(
+                error <= activation + rounding,
+                "{ty} element {i}: {y} vs {exact} (bound {activation} + {rounding})"
+            );
+            worst = worst.max(error / activation);
+        }
+        // The bound is the worst case (every rounding one way); random roundings cancel. A kernel that ignored
+        // part of the activation rounding's structure, or the bound itself if it were vacuous, shows here.
+        assert!(
+            worst < 0.5,
+            "{ty}: errors reach {worst} of the bound, which random rounding should not"
+        );
+    }
+}
+
+#[test]
+fn the_avx2_path_agrees_with_the_portable_one_and_a_row_is_the_same_alone_and_in_a_batch() {
+    let [out, cols] = SHAPE;
+    let rows = 7;
+    for (t, ty) in GgmlType::BLOCK_QUANTIZED.into_iter().enumerate() {
+        let blocks = random_blocks(ty, SHAPE, 300 + t as u64);
+        let weight = GgmlMatrix::new(ty, SHAPE, &blocks).unwrap();
+        let x = values(rows * cols, 21 + t as u64, 1.0);
+        let batch = product(few_rows, &x, rows, weight, None);
+        let portable = product(few_rows_portable, &x, rows, weight, None);
+        let reference = reference(&x, rows, weight, None);
+        for (i, ((&a, &p), &(_, _, rounding))) in
+            batch.iter().zip(&portable).zip(&reference).enumerate()
+        {
+            // Both sum the same exact integers; only the f32 order of the per-half terms differs.
+            assert!(
+                (f64::from(a) - f64::from(p)).abs() <= 2.0 * rounding,
+                "{ty} element {i}: native {a} vs portable {p}"
+            );
+        }
+        for r in 0..rows {
+            let alone = product(few_rows, &x[r * cols..(r + 1) * cols], 1, weight, None);
+            assert_eq!(
+                alone[..],
+                batch[r * out..(r + 1) * out],
+                "{ty} row {r} differs alone and in a batch of {rows}"
+            );
+        }
+    }
+}
+
+#[test]
+fn activation_chunks_round_to_nearest_within_half_their_scale() {
+    let mut x = values(4 * CHUNK_LEN, 5, 3.0);
+    x[CHUNK_LEN..2 * CHUNK_LEN].fill(0.0);
+    x[2 * CHUNK_LEN + 3] = f32::NAN;
+    let mut chunks = vec![Q8Chunk::default(); 4];
+    quantize(&x, &mut chunks);
+    for (c, (chunk, x)) in chunks.iter().zip(x.chunks_exact(CHUNK_LEN)).enumerate() {
+        let amax = x
+            .iter()
+            .filter(|v| !v.is_nan())
+            .fold(0f32, |m, v| m.max(v.abs()));
+        assert_eq!(chunk.d, amax / 127.0, "chunk {c}");
+        for (i, (&q, &v)) in chunk.q.iter().zip(x).enumerate() {
+            assert!(q != i8::MIN, "chunk {c} value {i} is -128");
+            if v.is_nan() {
+                assert_eq!(q, 0, "a NaN activation counts as zero");
+                continue;
+            }
+            let error = (f64::from(v) - f64::from(chunk.d) * f64::from(q)).abs();
+            // Half a step, plus f32 rounding of `v / d` (relative eps of the value).
+            let bound = f64::from(chunk.d) / 2.0 * (1.0 + 1e-5) + 1e-6 * f64::from(v.abs());
+            assert!(
+                error <= bound,
+                "chunk {c} value {i}: {v} as {q} x {}",
+                chunk.d
+            );
+        }
+        for h in 0..2 {
+            let sum: i32 = chunk.q[16 * h..16 * h + 16]
+                .iter()
+                .map(|&q| i32::from(q))
+                .sum();
+            assert_eq!(chunk.sums[h], chunk.d * sum as f32, "chunk {c} half {h}");
+        }
+    }
+    assert_eq!(chunks[1].d, 0.0);
+    assert!(chunks[1].q.iter().all(|&q| q == 0));
+}
+
+#[test]
+fn every_unpacker_has_its_types_geometry() {
+    for ty in GgmlType::BLOCK_QUANTIZED {
+        let geometry = with_unpacker!(ty, |U| Some((U::CHUNKS * CHUNK_LEN, U::BLOCK_BYTES)), None);
+        assert_eq!(geometry, ty.block_geometry(), "{ty}");
+    }
+}
