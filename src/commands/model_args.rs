@@ -132,8 +132,8 @@ pub struct QuantizeArgs {
     #[arg(long, requires = "quantize")]
     pub f32_lm_head: bool,
     /// With --quantize gguf: multiply decode steps with the dequantized blocks in f32 instead of quantizing the
-    /// activations to 8 bits for integer dot products (as llama.cpp does); 3-30x slower per product, exact up to f32
-    /// rounding [default: off].
+    /// activations to 8 bits for integer dot products (as llama.cpp does); 3-30x slower per product, exact up
+    /// to f32 rounding [default: off].
     #[arg(long, requires = "quantize")]
     pub exact_products: bool,
 }

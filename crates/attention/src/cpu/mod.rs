@@ -89,7 +89,8 @@ static EXACT_GGML_PRODUCTS: AtomicBool = AtomicBool::new(false);
 /// ggml blocks: `false` (the default, as llama.cpp does) quantizes each activation row to 8-bit chunks and takes
 /// integer dot products with the blocks, moving each output by at most `Σ |w_i| d_i / 2` (`d_i` the activation
 /// chunk's scale, `max |x| / 127`); `true` multiplies f32 activations with the dequantized blocks, exact up to
-/// f32 rounding and 3-30x slower per product (docs/BENCHMARKS.md): the oracle. Prompts (more rows) always take the exact tiled path.
+/// f32 rounding and 3-30x slower per product (docs/BENCHMARKS.md): the oracle. Prompts (more rows) always take
+/// the exact tiled path.
 pub fn set_exact_ggml_products(exact: bool) {
     EXACT_GGML_PRODUCTS.store(exact, Ordering::Relaxed);
 }
