@@ -5,6 +5,7 @@
 
 use ember_inference::Message;
 use ember_inference::sampling::SamplingConfig;
+use ember_tokenizer::json_type_name as type_name;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
@@ -74,17 +75,6 @@ pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
             "the request body must be a JSON object, got {}",
             type_name(&other)
         ))),
-    }
-}
-
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 

@@ -24,6 +24,7 @@ pub mod train;
 pub use added::AddedToken;
 pub use error::{Result, TokenizerError};
 pub use load::GgufVocab;
+pub use load::json::type_name as json_type_name;
 pub use stream::StreamDecoder;
 pub use tokenizer::Tokenizer;
 pub use train::{BpeTrainer, NoProgress, TrainProgress, TrainedBpe, train_tokenizer_files};

@@ -3,6 +3,7 @@
 
 use std::f64::consts::PI;
 
+use ember_tokenizer::json_type_name as type_name;
 use serde_json::{Map, Value, json};
 
 use ember_attention::{RopeConfig, RopeLayout, RopeScaling};
@@ -23,18 +24,6 @@ pub(crate) const STANDARD: RopeKeys = RopeKeys {
     partial_key: "partial_rotary_factor",
     default_partial: 1.0,
 };
-
-/// The JSON type of `v`, for messages.
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
 
 /// `map[key]` as a number; absent or of another type is an error naming `what.key`.
 fn number(map: &Map<String, Value>, key: &str, what: &str) -> Result<f64, String> {

@@ -97,8 +97,10 @@ impl<'de> Visitor<'de> for StrictVisitor {
     }
 }
 
-/// The JSON type of `v`, for messages.
-pub(crate) fn type_name(v: &Value) -> &'static str {
+/// The JSON type of `v` with its article ("a string", "an array", "null"), for error messages that say what a
+/// field held instead of what was expected. Shared by every crate that reads JSON (configs, requests) so their
+/// messages read alike.
+pub fn type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -4,7 +4,7 @@ mod gguf;
 mod gguf_pre;
 mod hf_json;
 mod ids;
-mod json;
+pub(crate) mod json;
 mod tiktoken;
 
 use std::path::Path;
