@@ -57,10 +57,15 @@ pub struct TokenizerConfig {
     pub special_tokens: Vec<String>,
 }
 
-/// Model shape of a model trained from scratch (a LLaMA-style decoder: RMSNorm, RoPE, SwiGLU, GQA).
+/// The model: a pretrained checkpoint to start from (`from`), or the shape of a model trained from scratch (a
+/// LLaMA-style decoder: RMSNorm, RoPE, SwiGLU, GQA).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
+    /// A model to fine-tune: a Hugging Face directory, a GGUF file (its quantized tensors dequantized to f32) or
+    /// an ember run's `best/`. Its architecture, shape and tokenizer are the model's own, so the shape keys below
+    /// and the `tokenizer` section are errors next to it; `block_size` and `attention` still apply.
+    pub from: Option<PathBuf>,
     /// Width of the residual stream.
     pub hidden_size: usize,
     /// Number of transformer blocks.
@@ -127,6 +132,48 @@ pub struct TrainingConfig {
     pub devices: Devices,
     /// Several machines joined through a burn-collective orchestrator (`ember orchestrator`).
     pub nodes: Option<NodesConfig>,
+    /// Train LoRA adapters on the frozen `model.from` instead of every weight.
+    pub lora: Option<LoraConfig>,
+}
+
+/// `training.lora`: low-rank adapters on the projections `targets` names (the family's Hugging Face module
+/// names), the base weights frozen. Saved in PEFT's format under each checkpoint's `adapter/`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoraConfig {
+    /// Rank of each update.
+    pub rank: usize,
+    /// The update is scaled by `alpha / rank`.
+    pub alpha: f64,
+    /// Dropout on the adapters' inputs while training.
+    pub dropout: f64,
+    /// Module names to adapt, e.g. `[q_proj, k_proj, v_proj, o_proj]`.
+    pub targets: Vec<String>,
+}
+
+impl Default for LoraConfig {
+    /// PEFT's rank and dropout, alpha twice the rank (the common recipe), on the attention's query and value
+    /// projections (PEFT's default targets for the LLaMA lineage).
+    fn default() -> Self {
+        LoraConfig {
+            rank: 8,
+            alpha: 16.0,
+            dropout: 0.0,
+            targets: vec!["q_proj".into(), "v_proj".into()],
+        }
+    }
+}
+
+impl LoraConfig {
+    /// The model crate's settings.
+    pub fn settings(&self) -> ember_model::lora::LoraSettings {
+        ember_model::lora::LoraSettings {
+            rank: self.rank,
+            alpha: self.alpha,
+            dropout: self.dropout,
+            targets: self.targets.clone(),
+        }
+    }
 }
 
 /// Data-parallel replicas on this machine: a count (`devices: 2` is devices 0 and 1 of the backend, or two
@@ -256,6 +303,7 @@ impl ModelConfig {
 impl Default for ModelConfig {
     fn default() -> Self {
         Self {
+            from: None,
             hidden_size: 256,
             num_layers: 4,
             num_heads: 8,
@@ -293,6 +341,7 @@ impl Default for TrainingConfig {
             precision: Precision::F32,
             devices: Devices::default(),
             nodes: None,
+            lora: None,
         }
     }
 }
@@ -345,6 +394,7 @@ impl RunConfig {
 
     /// Parses and validates YAML text; `path` only labels errors.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let raw: serde_yaml::Value = serde_yaml::from_str(text).unwrap_or(serde_yaml::Value::Null);
         let deserializer = serde_yaml::Deserializer::from_str(text);
         let config: RunConfig = serde_path_to_error::deserialize(deserializer).map_err(|e| {
             let key = e.path().to_string();
@@ -354,6 +404,9 @@ impl RunConfig {
                 message: e.into_inner().to_string(),
             }
         })?;
+        if config.model.from.is_some() {
+            refuse_shape_keys(&raw, path)?;
+        }
         config.validate(path)?;
         Ok(config)
     }
@@ -369,7 +422,52 @@ impl RunConfig {
         if let Some(p) = self.tokenizer.path.as_mut() {
             resolve(p);
         }
+        if let Some(p) = self.model.from.as_mut() {
+            resolve(p);
+        }
     }
+}
+
+/// The `model` keys that describe a shape, which a model loaded with `model.from` already has.
+const SHAPE_KEYS: [&str; 8] = [
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "intermediate_size",
+    "rope_theta",
+    "norm_eps",
+    "tie_embeddings",
+];
+
+/// With `model.from`, a shape key or a `tokenizer` key in the file would be silently overridden by the
+/// checkpoint's own: each is an error naming it.
+fn refuse_shape_keys(raw: &serde_yaml::Value, path: &Path) -> Result<(), ConfigError> {
+    let invalid = |key: String, message: &str| ConfigError::Invalid {
+        path: path.to_path_buf(),
+        key,
+        message: message.to_string(),
+    };
+    if let Some(model) = raw.get("model").and_then(serde_yaml::Value::as_mapping) {
+        for key in SHAPE_KEYS {
+            if model.contains_key(key) {
+                return Err(invalid(
+                    format!("model.{key}"),
+                    "the model given by model.from has its own shape; remove this key",
+                ));
+            }
+        }
+    }
+    if let Some(tokenizer) = raw.get("tokenizer").and_then(serde_yaml::Value::as_mapping)
+        && let Some(key) = tokenizer.keys().next()
+    {
+        let key = key.as_str().unwrap_or("?");
+        return Err(invalid(
+            format!("tokenizer.{key}"),
+            "the model given by model.from brings its own tokenizer; remove the tokenizer section",
+        ));
+    }
+    Ok(())
 }
 
 pub mod limits;

@@ -45,6 +45,10 @@ pub struct LoadArgs {
     pub attention: AttentionKernel,
     #[command(flatten)]
     pub quantize: QuantizeArgs,
+    /// A LoRA adapter in PEFT's format (adapter_config.json + adapter_model.safetensors, e.g. a LoRA run's
+    /// best/adapter) applied to the model without merging [default: none].
+    #[arg(long)]
+    pub adapter: Option<PathBuf>,
 }
 
 impl LoadArgs {
@@ -61,7 +65,30 @@ impl LoadArgs {
             bail!("--exact-products applies to --quantize gguf (GGUF blocks kept packed)");
         }
         ember_attention::set_exact_ggml_products(self.quantize.exact_products);
-        Ok(load_with_progress::<B>(assets, device, &format, quiet)?.with_kernel(self.attention))
+        let Some(dir) = &self.adapter else {
+            return Ok(load_with_progress::<B>(assets, device, &format, quiet)?
+                .with_kernel(self.attention));
+        };
+        // The adapter sits on dense weights; a scheme then quantizes the merged layers.
+        let quantization = match format {
+            WeightFormat::F32 => None,
+            WeightFormat::Quantized(q) => Some(q),
+            WeightFormat::Stored => {
+                bail!(
+                    "--adapter needs the base weights dense; drop --quantize gguf (or merge the adapter first)"
+                )
+            }
+        };
+        let adapter = ember_model::lora::read_adapter(dir)
+            .with_context(|| format!("--adapter {}", dir.display()))?;
+        let model = load_with_progress::<B>(assets, device, &WeightFormat::F32, quiet)?
+            .with_adapter(&adapter)
+            .with_context(|| format!("--adapter {}", dir.display()))?;
+        let model = match quantization {
+            Some(q) => model.quantize(&q)?,
+            None => model,
+        };
+        Ok(model.with_kernel(self.attention))
     }
 }
 

@@ -1,7 +1,9 @@
 //! `ember train`: train a model from a YAML config.
 //!
-//! Prepares what the config needs (a byte-level BPE trained on the corpus and the tokenized shards, both cached
-//! under `data.cache_dir`), builds a LLaMA-style model, and runs ember-training's loop with a progress bar.
+//! Prepares what the config needs (a byte-level BPE trained on the corpus, or the tokenizer of `model.from`, and
+//! the tokenized shards, cached under `data.cache_dir`), builds a LLaMA-style model or loads `model.from` (every
+//! weight trained, or LoRA adapters on the frozen weights with `training.lora`), and runs ember-training's loop
+//! with a progress bar.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,6 +13,7 @@ use anyhow::{Context as _, bail};
 use burn::backend::Autodiff;
 use burn::tensor::backend::{Device as _, DeviceId};
 use ember_dataset::{DocumentEncoder, PrepareOptions, Split, TokenDataset, stable_hash};
+use ember_inference::{ModelAssets, WeightFormat};
 use ember_model::{EmberBackend, Transformer};
 use ember_tokenizer::{NoProgress, Tokenizer};
 use ember_training::{
@@ -60,14 +63,22 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
             run_dir.display()
         );
     }
-    let tokenizer_path = ensure_tokenizer(&config, ctx)?;
-    let tokenizer = super::tokenize::open_tokenizer(&tokenizer_path)
-        .with_context(|| format!("loading tokenizer {}", tokenizer_path.display()))?;
+    let base = config.model.from.as_deref().map(open_base).transpose()?;
+    let (tokenizer, tokenizer_path) = match &base {
+        Some(base) => base_tokenizer(base, &config)?,
+        None => {
+            let path = ensure_tokenizer(&config, ctx)?;
+            let tokenizer = super::tokenize::open_tokenizer(&path)
+                .with_context(|| format!("loading tokenizer {}", path.display()))?;
+            (tokenizer, path)
+        }
+    };
     let data_dir = ensure_dataset(&config, &tokenizer, &tokenizer_path, ctx)?;
     let config_json = serde_json::to_value(config_summary(&config))?;
     let settings = settings(&config, &args, run_dir.clone(), config_json)?;
     let job = TrainJob {
         config_path: args.config.clone(),
+        base,
         config,
         settings,
         tokenizer,
@@ -261,6 +272,66 @@ impl DocumentEncoder for Encoder<'_> {
     }
 }
 
+/// Opens `model.from` (spec, tokenizer and chat template; the weights are read on the backend).
+fn open_base(from: &Path) -> anyhow::Result<ModelAssets> {
+    if !from.exists() {
+        bail!("model.from: {} does not exist", from.display());
+    }
+    ModelAssets::open(from).with_context(|| {
+        format!(
+            "model.from: {} is not a model ember loads (a Hugging Face directory with config.json, a GGUF file, \
+             or an ember run's best/)",
+            from.display()
+        )
+    })
+}
+
+/// The tokenizer of `model.from`, and the path that identifies it for the prepared-data cache; `model.block_size`
+/// must fit the model's context.
+fn base_tokenizer(base: &ModelAssets, config: &RunConfig) -> anyhow::Result<(Tokenizer, PathBuf)> {
+    let Some(tokenizer) = base.tokenizer.clone() else {
+        bail!(
+            "model.from: {} has no tokenizer (a model directory needs tokenizer.json)",
+            base.path.display()
+        );
+    };
+    let context = base.spec.context_length;
+    if config.model.block_size > context {
+        bail!(
+            "model.block_size: expected at most the context length of {} ({context}), found {}",
+            base.path.display(),
+            config.model.block_size
+        );
+    }
+    Ok((tokenizer, base.path.clone()))
+}
+
+/// The files of `model.from` each checkpoint copies so that it loads on its own with its tokenizer and chat
+/// template (a model directory's tokenizer files; a GGUF file has none, which is said once).
+fn base_files(base: &ModelAssets, quiet: bool) -> Vec<PathBuf> {
+    if !base.path.is_dir() {
+        if !quiet {
+            stderr!(
+                "note: checkpoints will hold no tokenizer: {} keeps its vocabulary in GGUF metadata; pass \
+                 --tokenizer {} to `ember generate` and friends when running them",
+                base.path.display(),
+                base.path.display()
+            );
+        }
+        return Vec::new();
+    }
+    [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "generation_config.json",
+    ]
+    .iter()
+    .map(|name| base.path.join(name))
+    .filter(|p| p.is_file())
+    .collect()
+}
+
 /// The `tokenizer.json` to copy into every checkpoint: the file itself, or a model directory's. A tokenizer of
 /// another format (a GGUF vocabulary, tiktoken ranks) is not copied (a checkpoint's tokenizer must be
 /// `tokenizer.json`), which is said once.
@@ -380,9 +451,47 @@ fn check_host_memory(
     Ok(())
 }
 
+/// On the CPU backends, [`check_host_memory`] for a model loaded with `model.from`, of which `trainable`
+/// parameters train.
+fn check_host_memory_loaded(
+    config: &RunConfig,
+    spec: &ember_model::ModelSpec,
+    replicas: usize,
+    trainable: u128,
+) -> anyhow::Result<()> {
+    let estimate = limits::estimate_loaded(
+        spec,
+        config.training.batch_size,
+        config.model.block_size,
+        config.model.attention,
+        replicas,
+        trainable,
+    );
+    let Some(memory) = ember_bench::Machine::detect().memory_bytes else {
+        return Ok(());
+    };
+    if estimate.total() > u128::from(memory) {
+        bail!(
+            "model.from and training.batch_size: fine-tuning {} would need {}, but this machine has {} of memory; \
+             shrink the batch or model.block_size, or train LoRA adapters (training.lora)",
+            config
+                .model
+                .from
+                .as_deref()
+                .unwrap_or(Path::new("?"))
+                .display(),
+            estimate.describe(),
+            limits::gib(u128::from(memory))
+        );
+    }
+    Ok(())
+}
+
 /// The monomorphised part of `ember train`.
 struct TrainJob {
     config_path: PathBuf,
+    /// `model.from`, opened.
+    base: Option<ModelAssets>,
     config: RunConfig,
     settings: TrainSettings,
     tokenizer: Tokenizer,
@@ -396,23 +505,61 @@ impl BackendJob for TrainJob {
 
     fn run<B: EmberBackend>(mut self, device: B::Device) -> anyhow::Result<TrainSummary> {
         let (device, devices) = replica_devices::<B>(&self.config.training, device);
-        if is_cpu::<B>() {
-            check_host_memory(
-                &self.config_path,
-                &self.config,
-                self.tokenizer.vocab_size(),
-                devices.len(),
-            )?;
-        }
+        let replicas = devices.len();
         self.settings.data_parallel.devices = devices;
         self.settings.precision =
             training_precision::<B>(self.config.training.precision, self.quiet);
-        let m = &self.config.model;
-        let spec = m.spec(self.tokenizer.vocab_size());
-        let kernel = m.attention;
-        let model = Transformer::<Autodiff<B>>::init(&spec, self.config.seed, &device)
-            .context("building the model")?
-            .with_kernel(kernel);
+        let kernel = self.config.model.attention;
+        let lora = self.config.training.lora.as_ref().map(|l| l.settings());
+        let (model, store) = match &self.base {
+            Some(base) => {
+                if is_cpu::<B>() {
+                    let trainable = match &lora {
+                        Some(settings) => lora_parameters(&base.spec, settings)?,
+                        None => u128::from(base.spec.parameter_count()),
+                    };
+                    check_host_memory_loaded(&self.config, &base.spec, replicas, trainable)?;
+                }
+                let model = super::model_args::load_with_progress::<Autodiff<B>>(
+                    base,
+                    &device,
+                    &WeightFormat::F32,
+                    self.quiet,
+                )?;
+                let mut store = HfModelStore::with_files(base_files(base, self.quiet));
+                let model = match &lora {
+                    Some(settings) => {
+                        store = store
+                            .with_lora(settings.clone(), Some(base.path.display().to_string()));
+                        model
+                            .with_lora(settings, self.config.seed)
+                            .map_err(|e| anyhow::anyhow!("training.lora: {e}"))?
+                    }
+                    None => model,
+                };
+                (model.with_kernel(kernel), store)
+            }
+            None => {
+                if is_cpu::<B>() {
+                    check_host_memory(
+                        &self.config_path,
+                        &self.config,
+                        self.tokenizer.vocab_size(),
+                        replicas,
+                    )?;
+                }
+                let spec = self.config.model.spec(self.tokenizer.vocab_size());
+                let model = Transformer::<Autodiff<B>>::init(&spec, self.config.seed, &device)
+                    .context("building the model")?
+                    .with_kernel(kernel);
+                let store = HfModelStore::with_tokenizer(checkpoint_tokenizer(
+                    &self.tokenizer_path,
+                    self.quiet,
+                ));
+                (model, store)
+            }
+        };
+        let spec = model.spec().clone();
         let train_set = Arc::new(TokenDataset::open(&self.data_dir, Split::Train)?);
         let val_set = Arc::new(TokenDataset::open(&self.data_dir, Split::Val)?);
         let tokenizer = &self.tokenizer;
@@ -429,8 +576,17 @@ impl BackendJob for TrainJob {
         .map_err(|e| anyhow::anyhow!("{}: {e}", self.data_dir.display()))?
         .bytes_per_token_of(|ids| tokenizer.decode_bytes(ids).map_or(0, |b| b.len()));
         if !self.quiet {
+            let trainable = match &lora {
+                Some(settings) => format!(
+                    ", {:.3}M of them in LoRA adapters (rank {}) on {}",
+                    lora_parameters(&spec, settings)? as f64 / 1e6,
+                    settings.rank,
+                    settings.targets.join(", ")
+                ),
+                None => String::new(),
+            };
             stderr!(
-                "model: {:.2}M parameters ({} layers, hidden {}), {} tokens per step, {:.2} bytes per token",
+                "model: {:.2}M parameters{trainable} ({} layers, hidden {}), {} tokens per step, {:.2} bytes per token",
                 spec.parameter_count() as f64 / 1e6,
                 spec.num_layers,
                 spec.hidden_size,
@@ -441,8 +597,6 @@ impl BackendJob for TrainJob {
             );
         }
         let stop = ember_training::interrupt_flag()?;
-        let store =
-            HfModelStore::with_tokenizer(checkpoint_tokenizer(&self.tokenizer_path, self.quiet));
         let mut observer = Bar::new(self.settings.max_steps, self.quiet);
         let summary = ember_training::train(
             model,
@@ -455,6 +609,24 @@ impl BackendJob for TrainJob {
         observer.bar.finish_and_clear();
         Ok(summary?)
     }
+}
+
+/// Parameters of the LoRA adapters `settings` put on a model of `spec`: `rank × (in + out)` per adapted module.
+fn lora_parameters(
+    spec: &ember_model::ModelSpec,
+    settings: &ember_model::lora::LoraSettings,
+) -> anyhow::Result<u128> {
+    let modules = ember_model::lora::select_modules(spec, &settings.targets)
+        .map_err(|e| anyhow::anyhow!("training.lora.targets: {e}"))?;
+    let tensors = spec.tensors();
+    Ok(modules
+        .iter()
+        .filter_map(|m| {
+            let name = format!("{}.weight", m.canonical);
+            tensors.iter().find(|t| t.name == name)
+        })
+        .map(|t| (settings.rank * (t.shape[0] + t.shape[1])) as u128)
+        .sum())
 }
 
 /// The indicatif progress bar: step, loss, lr, tokens/s and ETA; validation and notices printed above it.

@@ -97,3 +97,39 @@ pub fn estimate(config: &RunConfig, vocab: usize, replicas: usize) -> MemoryEsti
         activation_bytes: 4 * tokens * per_token,
     }
 }
+
+/// [`estimate`] for a loaded model of `spec` (`model.from`), trained on `batch_size` windows of `block_size`
+/// tokens with `kernel`; `trainable` parameters get gradients and AdamW state (all of them in full fine-tuning,
+/// the adapters' under LoRA, whose frozen base is held once per replica and has neither).
+pub fn estimate_loaded(
+    spec: &ember_model::ModelSpec,
+    batch_size: usize,
+    block_size: usize,
+    kernel: AttentionKernel,
+    replicas: usize,
+    trainable: u128,
+) -> MemoryEstimate {
+    let (h, i, layers, v) = (
+        spec.hidden_size as u128,
+        spec.intermediate_size as u128,
+        spec.num_layers as u128,
+        spec.vocab_size as u128,
+    );
+    let q = (spec.num_heads * spec.head_dim) as u128;
+    let kv = (spec.num_kv_heads * spec.head_dim) as u128;
+    let parameters = u128::from(spec.parameter_count());
+    let frozen = parameters.saturating_sub(trainable);
+    let replicas = replicas.max(1) as u128;
+    let state_bytes = 4 * (frozen * replicas + trainable * (2 * replicas + 2));
+    let tokens = batch_size as u128 * block_size as u128;
+    let scores = match kernel {
+        AttentionKernel::Flash => 0,
+        _ => 2 * spec.num_heads as u128 * block_size as u128,
+    };
+    let per_token = layers * (6 * h + 2 * q + 2 * kv + 4 * i + scores) + 2 * v;
+    MemoryEstimate {
+        parameters,
+        state_bytes,
+        activation_bytes: 4 * tokens * per_token,
+    }
+}

@@ -224,7 +224,46 @@ impl RunConfig {
             .map_err(|e| c.invalid("model", e.to_string()))
     }
 
+    fn validate_lora(&self, c: &Check) -> Result<(), ConfigError> {
+        let Some(lora) = &self.training.lora else {
+            return Ok(());
+        };
+        if self.model.from.is_none() {
+            return Err(c.invalid(
+                "training.lora",
+                "LoRA adapts a pretrained model: set model.from to the model to adapt".into(),
+            ));
+        }
+        c.int_in(
+            "training.lora.rank",
+            lora.rank,
+            1,
+            ember_model::lora::MAX_RANK,
+            "",
+        )?;
+        c.float(
+            "training.lora.alpha",
+            lora.alpha,
+            "a finite value > 0",
+            lora.alpha.is_finite() && lora.alpha > 0.0,
+        )?;
+        c.float(
+            "training.lora.dropout",
+            lora.dropout,
+            "a value in [0, 1)",
+            (0.0..1.0).contains(&lora.dropout),
+        )?;
+        if lora.targets.is_empty() {
+            return Err(c.invalid(
+                "training.lora.targets",
+                "expected at least one module name, e.g. [q_proj, v_proj]".into(),
+            ));
+        }
+        Ok(())
+    }
+
     fn validate_training(&self, c: &Check) -> Result<(), ConfigError> {
+        self.validate_lora(c)?;
         let t = &self.training;
         c.int_in(
             "training.batch_size",

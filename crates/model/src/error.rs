@@ -109,6 +109,10 @@ pub enum ModelError {
         /// What the spec has that the family's config cannot express.
         reason: String,
     },
+    /// LoRA settings or an adapter that do not fit the model (a target naming no module, a rank out of range,
+    /// matrices of the wrong shape, a packed base layer).
+    #[error("{0}")]
+    Lora(String),
 }
 
 /// Shorthand for results in this crate.

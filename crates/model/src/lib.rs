@@ -5,6 +5,7 @@ pub mod arch;
 pub mod error;
 pub mod gguf;
 mod load;
+pub mod lora;
 pub mod nn;
 mod quantize;
 mod quantized_io;

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{FloatDType, Int, Tensor};
+use ember_model::lora::LoraSettings;
 use ember_model::{EmberBackend, ModelDir, Transformer};
 
 use crate::model_io::{BoxError, ModelStore, TrainableModel};
@@ -31,35 +32,62 @@ impl<B: EmberBackend> TrainableModel<B> for Transformer<B> {
 }
 
 /// Saves a [`Transformer`] as `config.json` + `model.safetensors` (what `transformers` and `ember generate` load),
-/// plus a copy of the run's `tokenizer.json` so the directory is self-contained.
+/// plus copies of the run's tokenizer files so the directory is self-contained. A LoRA run's checkpoint holds
+/// the merged model there and the adapter alone, in PEFT's format, in `adapter/`.
 #[derive(Debug, Clone, Default)]
 pub struct HfModelStore {
-    tokenizer: Option<PathBuf>,
+    files: Vec<PathBuf>,
+    lora: Option<(LoraSettings, Option<String>)>,
 }
+
+/// The directory inside a LoRA run's checkpoint holding the adapter (PEFT's format).
+pub const ADAPTER_DIR: &str = "adapter";
 
 impl HfModelStore {
     /// A store that also copies `tokenizer` (a tokenizer.json) into every checkpoint.
     pub fn with_tokenizer(tokenizer: Option<PathBuf>) -> Self {
-        HfModelStore { tokenizer }
+        Self::with_files(tokenizer.into_iter().collect())
+    }
+
+    /// A store that also copies each of `files` (tokenizer.json, tokenizer_config.json, ...) into every
+    /// checkpoint under its own name.
+    pub fn with_files(files: Vec<PathBuf>) -> Self {
+        HfModelStore { files, lora: None }
+    }
+
+    /// The same store for a model carrying LoRA adapters made with `settings`: checkpoints also hold
+    /// [`ADAPTER_DIR`], and loading one puts its adapter back onto the (frozen) base model it is given. `base`
+    /// is recorded as the adapter's `base_model_name_or_path`.
+    pub fn with_lora(mut self, settings: LoraSettings, base: Option<String>) -> Self {
+        self.lora = Some((settings, base));
+        self
     }
 }
 
 impl<B: EmberBackend> ModelStore<Transformer<B>> for HfModelStore {
     fn save(&self, model: &Transformer<B>, dir: &Path) -> Result<(), BoxError> {
         ember_model::save(model, dir)?;
-        if let Some(tokenizer) = &self.tokenizer {
-            std::fs::copy(tokenizer, dir.join("tokenizer.json")).map_err(|e| {
-                format!(
-                    "copying {} into {}: {e}",
-                    tokenizer.display(),
-                    dir.display()
-                )
-            })?;
+        for file in &self.files {
+            let name = file.file_name().unwrap_or(file.as_os_str());
+            std::fs::copy(file, dir.join(name))
+                .map_err(|e| format!("copying {} into {}: {e}", file.display(), dir.display()))?;
+        }
+        if let Some((settings, base)) = &self.lora {
+            ember_model::lora::save_adapter(
+                model,
+                settings,
+                base.as_deref(),
+                &dir.join(ADAPTER_DIR),
+            )?;
         }
         Ok(())
     }
 
     fn load(&self, model: Transformer<B>, dir: &Path) -> Result<Transformer<B>, BoxError> {
+        if self.lora.is_some() {
+            let adapter = ember_model::lora::read_adapter(&dir.join(ADAPTER_DIR))?;
+            return Ok(model.with_adapter(&adapter)?);
+        }
         let device = model.device();
         let loaded = ModelDir::open(dir)?.load::<B>(&device, None)?.model;
         if loaded.spec() != model.spec() {

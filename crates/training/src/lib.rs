@@ -28,7 +28,7 @@ pub use checkpoint::{
 };
 pub use data_parallel::{DataParallel, DataParallelSettings, NodeSettings, ParallelStep};
 pub use error::TrainError;
-pub use hf_model::HfModelStore;
+pub use hf_model::{ADAPTER_DIR, HfModelStore};
 pub use interrupt::interrupt_flag;
 pub use loss::{cross_entropy, inputs_and_targets};
 pub use memory_data::InMemoryData;

@@ -6,21 +6,42 @@ use burn::tensor::{Tensor, TensorData, backend::Backend};
 use ember_attention::EmberBackend;
 use ember_optimization::{GgmlLinear, QuantScheme, QuantizedLinear};
 
+use super::LoraAdapter;
 use crate::error::{ModelError, Result};
 
-/// `y = x · Wᵀ + b` with an f32 `W` `[out, in]`.
+/// `y = x · Wᵀ + b` with an f32 `W` `[out, in]`, plus a LoRA adapter's update when it has one.
 #[derive(Module, Debug)]
 pub struct DenseLinear<B: Backend> {
     /// `[out, in]`.
     pub weight: Param<Tensor<B, 2>>,
     /// `[out]`.
     pub bias: Option<Param<Tensor<B, 1>>>,
+    /// A low-rank update trained while `weight` is frozen (see [`crate::lora`]).
+    pub lora: Option<LoraAdapter<B>>,
 }
 
 impl<B: EmberBackend> DenseLinear<B> {
     /// Applies the layer to `x` `[..., in]`, giving `[..., out]`.
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        project(x, self.weight.val(), self.bias.as_ref().map(Param::val))
+        let y = project(
+            x.clone(),
+            self.weight.val(),
+            self.bias.as_ref().map(Param::val),
+        );
+        match &self.lora {
+            Some(lora) => y + lora.forward(x),
+            None => y,
+        }
+    }
+}
+
+impl<B: Backend> DenseLinear<B> {
+    /// The weight with the adapter's update merged in (PEFT's `merge_and_unload`), or the weight itself.
+    pub fn merged_weight(&self) -> Tensor<B, 2> {
+        match &self.lora {
+            Some(lora) => self.weight.val() + lora.delta_weight(),
+            None => self.weight.val(),
+        }
     }
 }
 
@@ -74,7 +95,11 @@ impl<B: EmberBackend> Linear<B> {
 impl<B: Backend> Linear<B> {
     /// A dense layer from its parameters.
     pub fn dense(weight: Param<Tensor<B, 2>>, bias: Option<Param<Tensor<B, 1>>>) -> Self {
-        Linear::Dense(DenseLinear { weight, bias })
+        Linear::Dense(DenseLinear {
+            weight,
+            bias,
+            lora: None,
+        })
     }
 
     /// The same layer with its weight quantized with `scheme` (the bias stays f32). Already quantized layers
@@ -87,15 +112,19 @@ impl<B: Backend> Linear<B> {
     /// Quantizes the weight with `scheme` where it is dense (the bias stays f32); `name` labels errors. Packed
     /// weights of either kind stay as they are.
     pub fn quantize_in_place(&mut self, scheme: QuantScheme, name: &str) -> Result<()> {
-        let Linear::Dense(DenseLinear { weight, bias }) = self else {
+        let Linear::Dense(dense) = self else {
             return Ok(());
         };
-        let quantized =
-            QuantizedLinear::quantize(weight.val(), bias.as_ref().map(|b| b.val()), scheme)
-                .map_err(|e| ModelError::Quantization {
-                    tensor: name.to_string(),
-                    message: e.to_string(),
-                })?;
+        // An adapted layer is quantized merged: the packed layer has no place for the adapter.
+        let quantized = QuantizedLinear::quantize(
+            dense.merged_weight(),
+            dense.bias.as_ref().map(|b| b.val()),
+            scheme,
+        )
+        .map_err(|e| ModelError::Quantization {
+            tensor: name.to_string(),
+            message: e.to_string(),
+        })?;
         *self = Linear::Quantized(quantized);
         Ok(())
     }
@@ -109,10 +138,10 @@ impl<B: Backend> Linear<B> {
         }
     }
 
-    /// The weight `[out, in]` as f32 (dequantized if quantized), e.g. to save it.
+    /// The weight `[out, in]` as f32 (dequantized if quantized, with a LoRA adapter merged in), e.g. to save it.
     pub fn weight_data(&self) -> TensorData {
         match self {
-            Linear::Dense(dense) => dense.weight.val().into_data(),
+            Linear::Dense(dense) => dense.merged_weight().into_data(),
             Linear::Quantized(quantized) => quantized.dequantize().into_data(),
             Linear::Ggml(ggml) => ggml.dequantize().into_data(),
         }
@@ -136,6 +165,7 @@ impl<B: Backend> Linear<B> {
                         .bias
                         .as_ref()
                         .map_or(0, |b| b.val().shape().num_elements()))
+                    + dense.lora.as_ref().map_or(0, LoraAdapter::memory_bytes)
             }
             Linear::Quantized(quantized) => quantized.memory_bytes(),
             Linear::Ggml(ggml) => ggml.memory_bytes(),

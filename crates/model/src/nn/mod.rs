@@ -4,6 +4,7 @@ pub(crate) mod attention;
 mod block;
 mod embedding;
 mod linear;
+mod lora;
 mod mlp;
 mod norm;
 
@@ -11,6 +12,7 @@ pub use attention::SelfAttention;
 pub use block::{Block, BlockModule};
 pub use embedding::Embedding;
 pub use linear::{DenseLinear, Linear};
+pub use lora::LoraAdapter;
 pub use mlp::Mlp;
 pub use norm::Norm;
 

@@ -113,10 +113,23 @@ impl Checkpoint {
         } else {
             vec![SINGLE_FILE.to_string()]
         };
-        let mut files = Vec::with_capacity(shard_names.len());
+        let paths: Vec<PathBuf> = shard_names.iter().map(|name| dir.join(name)).collect();
+        Self::from_files(dir, &paths)
+    }
+
+    /// Opens one safetensors file (a PEFT adapter's weights, say) as a checkpoint.
+    pub fn open_file(path: &Path) -> Result<Self> {
+        Self::from_files(
+            path.parent().unwrap_or(Path::new(".")),
+            &[path.to_path_buf()],
+        )
+    }
+
+    fn from_files(dir: &Path, paths: &[PathBuf]) -> Result<Self> {
+        let mut files = Vec::with_capacity(paths.len());
         let mut index = BTreeMap::new();
-        for name in shard_names {
-            let file = map_file(&dir.join(name))?;
+        for path in paths {
+            let file = map_file(path)?;
             for tensor in file.tensors.keys() {
                 // Two shards holding one tensor would leave which one loads to the order of the files.
                 if let Some(previous) = index.insert(tensor.clone(), files.len()) {
