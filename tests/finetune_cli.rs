@@ -264,7 +264,7 @@ fn full_fine_tuning_starts_from_the_pretrained_weights() {
 fn bad_fine_tuning_configs_are_errors_naming_the_key_and_write_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let base = base_model(dir.path());
-    let cases: Vec<(PathBuf, &str)> = vec![
+    let cases: [(PathBuf, &str); 4] = [
         (
             finetune_config(dir.path(), "missing", &dir.path().join("nope"), ""),
             "model.from",

@@ -203,7 +203,7 @@ fn parse_config(config: &Value) -> std::result::Result<LoraSettings, String> {
     }
     let rank = get("r")
         .and_then(Value::as_u64)
-        .filter(|&r| r >= 1 && r <= MAX_RANK as u64)
+        .filter(|r| (1..=MAX_RANK as u64).contains(r))
         .ok_or_else(|| format!("`r`: expected an integer in 1..={MAX_RANK}"))?
         as usize;
     let alpha = get("lora_alpha")
