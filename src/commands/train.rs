@@ -312,8 +312,8 @@ fn base_files(base: &ModelAssets, quiet: bool) -> Vec<PathBuf> {
     if !base.path.is_dir() {
         if !quiet {
             stderr!(
-                "note: checkpoints will hold no tokenizer: {} keeps its vocabulary in GGUF metadata; pass \
-                 --tokenizer {} to `ember generate` and friends when running them",
+                "note: checkpoints will hold no tokenizer: {} keeps its vocabulary in GGUF metadata; run a \
+                 LoRA checkpoint as `--model {} --adapter <checkpoint>/adapter`",
                 base.path.display(),
                 base.path.display()
             );
@@ -618,14 +618,9 @@ fn lora_parameters(
 ) -> anyhow::Result<u128> {
     let modules = ember_model::lora::select_modules(spec, &settings.targets)
         .map_err(|e| anyhow::anyhow!("training.lora.targets: {e}"))?;
-    let tensors = spec.tensors();
     Ok(modules
         .iter()
-        .filter_map(|m| {
-            let name = format!("{}.weight", m.canonical);
-            tensors.iter().find(|t| t.name == name)
-        })
-        .map(|t| (settings.rank * (t.shape[0] + t.shape[1])) as u128)
+        .map(|m| (settings.rank * (m.inputs + m.outputs)) as u128)
         .sum())
 }
 

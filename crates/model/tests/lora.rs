@@ -54,17 +54,12 @@ fn random_adapter(model: &Transformer<B>, settings: &LoraSettings, scale: f32) -
             .wrapping_add(1442695040888963407);
         ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale
     };
-    let spec = model.spec();
-    let tensors = spec.tensors();
-    let weights = lora::select_modules(spec, &settings.targets)
+    let weights = lora::select_modules(model.spec(), &settings.targets)
         .unwrap()
         .into_iter()
         .map(|m| {
-            let name = format!("{}.weight", m.canonical);
-            let shape = &tensors.iter().find(|t| t.name == name).unwrap().shape;
-            let (out, inp) = (shape[0], shape[1]);
-            let a = (0..settings.rank * inp).map(|_| next()).collect();
-            let b = (0..out * settings.rank).map(|_| next()).collect();
+            let a = (0..settings.rank * m.inputs).map(|_| next()).collect();
+            let b = (0..m.outputs * settings.rank).map(|_| next()).collect();
             (m.hf_path, a, b)
         })
         .collect();

@@ -238,7 +238,6 @@ fn an_adapter_ember_writes_loads_in_peft_with_the_same_logits() {
     };
     let model = base("llama3");
     let spec = model.spec().clone();
-    let tensors = spec.tensors();
     let mut state = 7u64;
     let mut next = move || {
         state = state
@@ -250,10 +249,8 @@ fn an_adapter_ember_writes_loads_in_peft_with_the_same_logits() {
         .unwrap()
         .into_iter()
         .map(|m| {
-            let name = format!("{}.weight", m.canonical);
-            let shape = &tensors.iter().find(|t| t.name == name).unwrap().shape;
-            let a = (0..settings.rank * shape[1]).map(|_| next()).collect();
-            let b = (0..shape[0] * settings.rank).map(|_| next()).collect();
+            let a = (0..settings.rank * m.inputs).map(|_| next()).collect();
+            let b = (0..m.outputs * settings.rank).map(|_| next()).collect();
             (m.hf_path, a, b)
         })
         .collect();

@@ -47,6 +47,10 @@ pub struct AdaptableModule {
     pub hf_path: String,
     /// Whether the checkpoint stores the weight `[in, out]` (GPT-2's `Conv1D`: PEFT's `fan_in_fan_out`).
     pub transposed: bool,
+    /// Input features of the projection (columns of `A`).
+    pub inputs: usize,
+    /// Output features of the projection (rows of `B`).
+    pub outputs: usize,
 }
 
 impl AdaptableModule {
@@ -96,6 +100,8 @@ pub fn adaptable_modules(spec: &ModelSpec) -> Result<Vec<AdaptableModule>> {
             canonical: module.to_string(),
             hf_path: hf_path.to_string(),
             transposed: source.layout == Layout::Transposed,
+            inputs: tensor.shape[1],
+            outputs: tensor.shape[0],
         });
     }
     Ok(out)
@@ -139,11 +145,9 @@ impl<B: EmberBackend> Transformer<B> {
         let device = self.device();
         let mut model = self.no_grad();
         for (i, module) in modules.iter().enumerate() {
-            let dense = dense_mut(&mut model, &module.canonical)?;
-            let [outputs, inputs] = dense.weight.val().dims();
-            dense.lora = Some(LoraAdapter::init(
-                inputs,
-                outputs,
+            dense_mut(&mut model, &module.canonical)?.lora = Some(LoraAdapter::init(
+                module.inputs,
+                module.outputs,
                 settings.rank,
                 settings.alpha,
                 settings.dropout,

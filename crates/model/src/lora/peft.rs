@@ -288,8 +288,7 @@ impl<B: EmberBackend> Transformer<B> {
                         model.spec().architecture
                     ))
                 })?;
-            let dense = dense_mut(&mut model, &module.canonical)?;
-            let [outputs, inputs] = dense.weight.val().dims();
+            let (inputs, outputs) = (module.inputs, module.outputs);
             let rank = adapter.settings.rank;
             if a.len() != rank * inputs || b.len() != outputs * rank {
                 return Err(mismatch(format!(
@@ -298,7 +297,7 @@ impl<B: EmberBackend> Transformer<B> {
                     b.len() / rank
                 )));
             }
-            dense.lora = Some(LoraAdapter::from_values(
+            dense_mut(&mut model, &module.canonical)?.lora = Some(LoraAdapter::from_values(
                 a.clone(),
                 b.clone(),
                 [inputs, outputs, rank],
