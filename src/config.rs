@@ -37,12 +37,26 @@ pub struct RunConfig {
 pub struct DataConfig {
     /// Text files, directories or JSONL files to train on (relative paths are relative to the config file).
     pub inputs: Vec<PathBuf>,
+    /// Documents of plain text, or chat conversations (JSONL `messages`) trained on the assistant's replies.
+    pub format: DataFormat,
     /// JSONL field holding the document text.
     pub text_field: String,
     /// Fraction of the corpus held out for validation, in (0, 1).
     pub val_fraction: f64,
     /// Where prepared shards are cached (relative to the config file's directory).
     pub cache_dir: PathBuf,
+}
+
+/// What `data.inputs` hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataFormat {
+    /// Text files or JSONL documents: every token is trained on.
+    #[default]
+    Text,
+    /// JSONL conversations (`{"messages": [{"role", "content"}, ...]}` per line), rendered with the model's chat
+    /// template: only the assistant's replies are trained on.
+    Chat,
 }
 
 /// The tokenizer: an existing file, or one trained on the corpus and cached.
@@ -261,6 +275,7 @@ impl Default for DataConfig {
     fn default() -> Self {
         Self {
             inputs: Vec::new(),
+            format: DataFormat::Text,
             text_field: "text".into(),
             val_fraction: 0.1,
             cache_dir: ".cache/data".into(),

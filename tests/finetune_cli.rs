@@ -44,7 +44,7 @@ name: base
 seed: 7
 data: {inputs: [corpus.txt], cache_dir: cache}
 tokenizer: {vocab_size: 300}
-model: {hidden_size: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2, intermediate_size: 64, block_size: 16, tie_embeddings: false}
+model: {hidden_size: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2, intermediate_size: 64, block_size: 64, tie_embeddings: false}
 training: {batch_size: 4, max_steps: 30, warmup_steps: 2, learning_rate: 1.0e-2, min_learning_rate: 1.0e-3, log_interval: 1, eval_interval: 30, eval_batches: 2, checkpoint_interval: 30}
 "#,
     )
@@ -306,7 +306,7 @@ fn bad_fine_tuning_configs_are_errors_naming_the_key_and_write_nothing() {
     }
 
     // Shape keys and a tokenizer section next to model.from would be silently overridden; LoRA needs a
-    // pretrained model; the window may not pass the model's context (the base was trained on 16).
+    // pretrained model; the window may not pass the model's context (the base was trained on 64).
     let from = base.display();
     for (yaml, needles) in [
         (
@@ -322,8 +322,8 @@ fn bad_fine_tuning_configs_are_errors_naming_the_key_and_write_nothing() {
             ["training.lora", "model.from"],
         ),
         (
-            format!("model: {{from: {from}, block_size: 64}}"),
-            ["model.block_size", "(16)"],
+            format!("model: {{from: {from}, block_size: 128}}"),
+            ["model.block_size", "(64)"],
         ),
     ] {
         let config = dir.path().join("refused.yaml");
@@ -336,4 +336,86 @@ fn bad_fine_tuning_configs_are_errors_naming_the_key_and_write_nothing() {
             "{yaml}: {stderr}"
         );
     }
+}
+
+/// A chat template for the tiny base (its tokenizer has no chat markup): each turn is `role: content` and a
+/// newline, the reply ends with the end-of-text token.
+const CHAT_TEMPLATE: &str = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}";
+
+fn chat_line(user: &str, reply: &str) -> String {
+    serde_json::json!({"messages": [
+        {"role": "user", "content": user},
+        {"role": "assistant", "content": reply},
+    ]})
+    .to_string()
+}
+
+#[test]
+fn chat_data_trains_on_replies_and_bad_chat_input_is_an_error_naming_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = base_model(dir.path());
+    std::fs::write(
+        base.join("tokenizer_config.json"),
+        serde_json::json!({"chat_template": CHAT_TEMPLATE, "eos_token": "<|endoftext|>"}).to_string(),
+    )
+    .unwrap();
+    let lines: Vec<String> = (0..12)
+        .map(|i| chat_line(&format!("speak {i} times"), "not I, my lord"))
+        .collect();
+    std::fs::write(dir.path().join("chat.jsonl"), lines.join("\n") + "\n").unwrap();
+    let config = dir.path().join("chat.yaml");
+    let write_config = |inputs: &str, block: usize| {
+        std::fs::write(
+            &config,
+            format!(
+                "name: chat\nseed: 3\ndata: {{inputs: [{inputs}], format: chat}}\n\
+                 model: {{from: {}, block_size: {block}}}\n\
+                 training: {{batch_size: 4, max_steps: 4, warmup_steps: 1, learning_rate: 1.0e-2, log_interval: 1, \
+                 eval_interval: 4, eval_batches: 2, checkpoint_interval: 4, \
+                 lora: {{rank: 4, alpha: 8, targets: [q_proj, v_proj]}}}}\n",
+                base.display()
+            ),
+        )
+        .unwrap();
+    };
+    write_config("chat.jsonl", 48);
+    let run = dir.path().join("chat-run");
+    ok(ember(&["train", "--config", path(&config), "--out", path(&run)]));
+    let train = losses(&run);
+    assert_eq!(train.len(), 4);
+    assert!(train.iter().all(|l| l.is_finite() && *l > 0.0), "{train:?}");
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert!(metrics.contains("val_bpb"), "{metrics}");
+    assert!(run.join("best/adapter/adapter_model.safetensors").is_file());
+
+    // Bad chat input: errors name the file and line, and nothing is written into the run directory.
+    let bad = [
+        ("not json", "bad.jsonl:2", 48),
+        ("{\"messages\": [{\"role\": \"user\"}]}", "missing field `content`", 48),
+        ("{\"text\": \"hi\"}", "missing field `messages`", 48),
+    ];
+    for (line, expected, block) in bad {
+        std::fs::write(dir.path().join("bad.jsonl"), format!("{}\n{line}\n", lines[0])).unwrap();
+        write_config("bad.jsonl", block);
+        let out = dir.path().join("bad-run");
+        let output = ember(&["train", "--config", path(&config), "--out", path(&out)]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{line} was accepted");
+        assert!(stderr.contains(expected) && stderr.contains("bad.jsonl:2"), "{line}: {stderr}");
+        assert!(!out.exists() || std::fs::read_dir(&out).unwrap().next().is_none());
+    }
+    // A conversation longer than a row.
+    write_config("chat.jsonl", 4);
+    let output = ember(&["train", "--config", path(&config), "--out", path(&dir.path().join("short"))]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && stderr.contains("chat.jsonl:1") && stderr.contains("longer than a training row"),
+        "{stderr}"
+    );
+    // A base without a chat template.
+    std::fs::remove_file(base.join("tokenizer_config.json")).unwrap();
+    write_config("chat.jsonl", 48);
+    let output = ember(&["train", "--config", path(&config), "--out", path(&dir.path().join("none"))]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("no chat template"), "{stderr}");
 }

@@ -117,6 +117,18 @@ fn train_writes_a_loadable_run_and_resume_matches_an_uninterrupted_run() {
             "{v}"
         );
     }
+    // Training lines report the process's peak memory where Linux does; the model, its gradients and AdamW's
+    // moments are resident, so the figure is at least a few MiB and can only grow.
+    if std::path::Path::new("/proc/self/status").exists() {
+        let peaks: Vec<f64> = metrics
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|v| v.get("loss").is_some())
+            .map(|v| v["peak_rss_mib"].as_f64().expect("peak_rss_mib on a training line"))
+            .collect();
+        assert!(peaks[0] > 4.0, "peak memory {} MiB", peaks[0]);
+        assert!(peaks.windows(2).all(|w| w[1] >= w[0]), "{peaks:?}");
+    }
 
     let split = dir.path().join("split");
     train(&config, &split, &["--max-steps", "4"]);

@@ -5,6 +5,7 @@ use clap::Subcommand;
 use crate::Context;
 
 pub mod bench;
+pub mod chat_data;
 pub mod eval;
 pub mod generate;
 pub mod info;

@@ -17,14 +17,15 @@ use ember_inference::{ModelAssets, WeightFormat};
 use ember_model::{EmberBackend, Transformer};
 use ember_tokenizer::{NoProgress, Tokenizer};
 use ember_training::{
-    AdamWConfig, CosineSchedule, DataParallelSettings, DecayPolicy, HfModelStore, MetricsRecord,
-    NodeSettings, Observer, ShardData, StepReport, TrainSettings, TrainSummary,
+    AdamWConfig, ChatData, CosineSchedule, DataParallelSettings, DecayPolicy, HfModelStore,
+    MetricsRecord, NodeSettings, Observer, ShardData, StepReport, TrainData, TrainSettings,
+    TrainSummary,
 };
 use indicatif::ProgressBar;
 
 use crate::Context;
 use crate::backend::{BackendJob, computes_bf16, is_cpu};
-use crate::config::{Precision, RunConfig, TrainingConfig, limits};
+use crate::config::{DataFormat, Precision, RunConfig, TrainingConfig, limits};
 use crate::flags::MINUTES_RANGE;
 
 /// Flags of `ember train`.
@@ -73,7 +74,24 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
             (tokenizer, path)
         }
     };
-    let data_dir = ensure_dataset(&config, &tokenizer, &tokenizer_path, ctx)?;
+    let data = match (config.data.format, &base) {
+        (DataFormat::Chat, Some(base)) => {
+            let template = super::chat_data::base_template(base.chat_template.as_ref(), &base.path)?;
+            let (train, val) = super::chat_data::chat_rows(
+                &text_files(&config.data.inputs)?,
+                template,
+                &tokenizer,
+                config.model.block_size,
+                config.data.val_fraction,
+            )?;
+            JobData::Chat { train, val }
+        }
+        // `RunConfig::validate` refuses chat data without model.from.
+        (DataFormat::Chat, None) => bail!("data.format chat needs model.from"),
+        (DataFormat::Text, _) => {
+            JobData::Shards(ensure_dataset(&config, &tokenizer, &tokenizer_path, ctx)?)
+        }
+    };
     let config_json = serde_json::to_value(config_summary(&config))?;
     let settings = settings(&config, &args, run_dir.clone(), config_json)?;
     let job = TrainJob {
@@ -83,7 +101,7 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
         settings,
         tokenizer,
         tokenizer_path,
-        data_dir,
+        data,
         quiet: ctx.quiet,
     };
     let backend = job.config.backend;
@@ -93,8 +111,12 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
             (Some(loss), Some(bpb)) => format!("best val loss {loss:.4} ({bpb:.4} bits/byte)"),
             _ => "no validation pass".into(),
         };
+        let peak = summary
+            .peak_rss_bytes
+            .map(|b| format!("; peak memory {:.0} MiB", b as f64 / (1 << 20) as f64))
+            .unwrap_or_default();
         stderr!(
-            "{:?} after {} steps; {best}; {:.0} tokens/s; model in {}",
+            "{:?} after {} steps; {best}; {:.0} tokens/s{peak}; model in {}",
             summary.stop_reason,
             summary.steps,
             summary.tokens_per_sec,
@@ -496,8 +518,18 @@ struct TrainJob {
     settings: TrainSettings,
     tokenizer: Tokenizer,
     tokenizer_path: PathBuf,
-    data_dir: PathBuf,
+    data: JobData,
     quiet: bool,
+}
+
+/// The prepared training data: shards of a text corpus, or chat rows (small enough to hold in memory: a row
+/// per conversation).
+enum JobData {
+    Shards(PathBuf),
+    Chat {
+        train: Vec<Vec<u32>>,
+        val: Vec<Vec<u32>>,
+    },
 }
 
 impl BackendJob for TrainJob {
@@ -560,21 +592,34 @@ impl BackendJob for TrainJob {
             }
         };
         let spec = model.spec().clone();
-        let train_set = Arc::new(TokenDataset::open(&self.data_dir, Split::Train)?);
-        let val_set = Arc::new(TokenDataset::open(&self.data_dir, Split::Val)?);
         let tokenizer = &self.tokenizer;
-        let mut data = ShardData::new(
-            train_set,
-            val_set,
-            self.settings.batch_size,
-            self.settings.block_size,
-            self.config.training.eval_batches,
-            // The same seed on every machine of a multi-machine run: each draws the same global batches and
-            // trains on its rank's share of them.
-            self.config.seed,
-        )
-        .map_err(|e| anyhow::anyhow!("{}: {e}", self.data_dir.display()))?
-        .bytes_per_token_of(|ids| tokenizer.decode_bytes(ids).map_or(0, |b| b.len()));
+        let bytes_of = |ids: &[u32]| tokenizer.decode_bytes(ids).map_or(0, |b| b.len());
+        let (batch_size, block_size) = (self.settings.batch_size, self.settings.block_size);
+        let eval_batches = self.config.training.eval_batches;
+        let mut data: Box<dyn TrainData> = match self.data {
+            JobData::Shards(dir) => {
+                let train_set = Arc::new(TokenDataset::open(&dir, Split::Train)?);
+                let val_set = Arc::new(TokenDataset::open(&dir, Split::Val)?);
+                // The same seed on every machine of a multi-machine run: each draws the same global batches
+                // and trains on its rank's share of them.
+                let data = ShardData::new(
+                    train_set,
+                    val_set,
+                    batch_size,
+                    block_size,
+                    eval_batches,
+                    self.config.seed,
+                )
+                .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+                Box::new(data.bytes_per_token_of(bytes_of))
+            }
+            JobData::Chat { train, val } => {
+                let data =
+                    ChatData::new(train, val, batch_size, block_size, eval_batches, self.config.seed)
+                        .map_err(|e| anyhow::anyhow!("data.inputs: {e}"))?;
+                Box::new(data.bytes_per_token_of(bytes_of))
+            }
+        };
         if !self.quiet {
             let trainable = match &lora {
                 Some(settings) => format!(
@@ -593,14 +638,14 @@ impl BackendJob for TrainJob {
                 self.settings.batch_size
                     * self.settings.block_size
                     * self.settings.grad_accum_steps,
-                data.ratio()
+                data.bytes_per_token()
             );
         }
         let stop = ember_training::interrupt_flag()?;
         let mut observer = Bar::new(self.settings.max_steps, self.quiet);
         let summary = ember_training::train(
             model,
-            &mut data,
+            data.as_mut(),
             &store,
             &self.settings,
             &mut observer,

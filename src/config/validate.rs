@@ -9,7 +9,7 @@ use std::path::Path;
 use ember_training::{AdamWConfig, CosineSchedule, DecayPolicy, TrainError};
 
 use super::limits::{self, MAX_TOKENS_PER_STEP, MAX_TRAINING_BYTES};
-use super::{ConfigError, Devices, RunConfig};
+use super::{ConfigError, DataFormat, Devices, RunConfig};
 
 /// Builds the errors of one file.
 struct Check<'a> {
@@ -88,6 +88,12 @@ impl RunConfig {
         self.validate_tokenizer(&c)?;
         self.validate_model(&c)?;
         self.validate_training(&c)?;
+        if self.data.format == DataFormat::Chat && self.model.from.is_none() {
+            return Err(c.invalid(
+                "data.format",
+                "chat data is rendered with a model's chat template: set model.from to a pretrained model".into(),
+            ));
+        }
         let fraction = self.data.val_fraction;
         c.float(
             "data.val_fraction",

@@ -242,6 +242,11 @@ impl<B: EmberBackend> Backward<B, 2> for PairBackward {
         let (a_id, b_id, kernel) = ops.state;
         let a: FloatTensor<B> = checkpointer.retrieve_node_output(a_id);
         let b: FloatTensor<B> = checkpointer.retrieve_node_output(b_id);
+        if let (PairKernel::Dense, Some(node), None) = (kernel, &node_a, &node_b) {
+            // A frozen weight: its gradient would be computed only to be dropped.
+            grads.register::<B>(node.id, B::dense_input_grad(b, grad));
+            return;
+        }
         let (d_a, d_b) = kernel.backward::<B>(a, b, grad);
         for (node, grad) in [(node_a, d_a), (node_b, d_b)] {
             if let Some(node) = node {

@@ -63,6 +63,12 @@ pub trait EmberBackend: Backend {
         portable_dense_backward::<Self>(x, weight, grad)
     }
 
+    /// `d_x = grad · W` `[rows, in]` alone: [`dense_backward`](Self::dense_backward) for a frozen weight (a LoRA
+    /// base), whose gradient nothing reads and whose product is half the backward step's work.
+    fn dense_input_grad(weight: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::float_matmul(grad, weight)
+    }
+
     /// RMSNorm of `x` over its last dimension, `x / sqrt(mean(x²) + eps) * weight`, with `weight` `[dim]`.
     fn rms_norm(x: FloatTensor<Self>, weight: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
         portable_rms_norm::<Self>(x, weight, eps)
@@ -80,8 +86,8 @@ pub trait EmberBackend: Backend {
         portable_rms_norm_backward::<Self>(x, weight, eps, grad)
     }
 
-    /// Mean cross-entropy (nats) `[1]` of `logits` `[rows, vocab]` against `targets` `[rows]`,
-    /// differentiable on autodiff backends.
+    /// Mean cross-entropy (nats) `[1]` of `logits` `[rows, vocab]` against `targets` `[rows]` over the rows
+    /// whose target is not [`IGNORE_TARGET`](crate::IGNORE_TARGET), differentiable on autodiff backends.
     fn cross_entropy(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
         Self::cross_entropy_forward(logits, targets).0
     }
@@ -95,7 +101,8 @@ pub trait EmberBackend: Backend {
     }
 
     /// The gradient with respect to `logits` of the mean loss times `grad` (`[1]`):
-    /// `(softmax(row) - onehot(target)) * grad / rows`, with the softmax recomputed from `lse`.
+    /// `(softmax(row) - onehot(target)) * grad / counted rows`, with the softmax recomputed from `lse`; zero on
+    /// ignored rows.
     fn cross_entropy_backward(
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,

@@ -51,8 +51,13 @@ pub fn rms_norm<B: EmberBackend, const D: usize>(
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
+/// The target id of a position that takes no loss (a prompt or padding token in chat fine-tuning): PyTorch's
+/// `ignore_index` default, so label tensors mean the same in both.
+pub const IGNORE_TARGET: i64 = -100;
+
 /// Mean next-token cross-entropy (nats per token) `[1]` of `logits` `[batch, seq, vocab]` against `targets`
-/// `[batch, seq]`, through the backend's [`EmberBackend::cross_entropy`].
+/// `[batch, seq]`, through the backend's [`EmberBackend::cross_entropy`]. Positions whose target is
+/// [`IGNORE_TARGET`] are left out of the loss and the mean (a batch of only those has loss 0).
 pub fn cross_entropy<B: EmberBackend>(
     logits: Tensor<B, 3>,
     targets: Tensor<B, 2, Int>,

@@ -103,6 +103,17 @@ pub(crate) fn portable_swiglu_backward<B: Backend>(
     (d_gate, d_up)
 }
 
+/// `(targets with ignored rows pointed at id 0, 1.0 for counted rows and 0.0 for ignored ones, the number of
+/// counted rows (at least 1) as a [1] tensor)`: a row whose target is [`crate::IGNORE_TARGET`] takes no loss.
+fn ignored_rows<B: Backend>(
+    targets: Tensor<B, 1, Int>,
+) -> (Tensor<B, 1, Int>, Tensor<B, 1>, Tensor<B, 1>) {
+    let ignored = targets.clone().equal_elem(crate::IGNORE_TARGET);
+    let counted = ignored.clone().bool_not().float();
+    let count = counted.clone().sum().clamp_min(1.0);
+    (targets.mask_fill(ignored, 0), counted, count)
+}
+
 /// [`EmberBackend::cross_entropy_forward`] in burn tensor ops.
 pub(crate) fn portable_cross_entropy<B: Backend>(
     logits: FloatTensor<B>,
@@ -111,10 +122,13 @@ pub(crate) fn portable_cross_entropy<B: Backend>(
     let logits: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(logits));
     let targets: Tensor<B, 1, Int> = Tensor::from_primitive(targets);
     let rows = logits.dims()[0];
+    let (safe, counted, count) = ignored_rows(targets);
     let max = logits.clone().max_dim(1).detach();
     let lse = (logits.clone() - max.clone()).exp().sum_dim(1).log() + max;
-    let picked = logits.gather(1, targets.reshape([rows, 1]));
-    let loss = (lse.clone() - picked).mean();
+    let picked = logits.gather(1, safe.reshape([rows, 1]));
+    let loss = ((lse.clone() - picked) * counted.reshape([rows, 1]))
+        .sum()
+        .div(count);
     (
         loss.into_primitive().tensor(),
         lse.reshape([rows]).into_primitive().tensor(),
@@ -133,9 +147,10 @@ pub(crate) fn portable_cross_entropy_backward<B: Backend>(
     let lse: Tensor<B, 1> = Tensor::from_primitive(TensorPrimitive::Float(lse));
     let grad: Tensor<B, 1> = Tensor::from_primitive(TensorPrimitive::Float(grad));
     let [rows, vocab] = logits.dims();
+    let (safe, counted, count) = ignored_rows(targets);
     let softmax = (logits - lse.reshape([rows, 1])).exp();
-    let onehot = targets.one_hot::<2>(vocab).float();
-    let scale = grad.div_scalar(rows.max(1) as f64).reshape([1, 1]);
+    let onehot = safe.one_hot::<2>(vocab).float();
+    let scale = counted.reshape([rows, 1]) * grad.div(count).reshape([1, 1]);
     ((softmax - onehot) * scale).into_primitive().tensor()
 }
 

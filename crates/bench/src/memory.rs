@@ -23,19 +23,7 @@ pub enum PeakScope {
     Process,
 }
 
-/// A value in bytes from a `/proc/<pid>/status` text: `key` names a line such as `VmHWM: 123456 kB`.
-pub fn parse_status_bytes(status: &str, key: &str) -> Option<u64> {
-    let line = status
-        .lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))?;
-    let mut parts = line.split_whitespace();
-    let value: u64 = parts.next()?.parse().ok()?;
-    match parts.next() {
-        Some("kB") => value.checked_mul(1024),
-        None => Some(value),
-        Some(_) => None,
-    }
-}
+pub use ember_training::parse_status_bytes;
 
 fn read_status_bytes(key: &str) -> Result<Option<u64>, BenchError> {
     if !Path::new(STATUS).exists() {
@@ -70,25 +58,6 @@ pub fn reset_peak_rss() -> PeakScope {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const STATUS_SAMPLE: &str = "Name:\tember\nVmPeak:\t 2048000 kB\nVmHWM:\t  524288 kB\nVmRSS:\t  262144 kB\n\
-                                 Threads:\t4\n";
-
-    #[test]
-    fn status_values_are_converted_from_kib() {
-        assert_eq!(
-            parse_status_bytes(STATUS_SAMPLE, "VmHWM"),
-            Some(524288 * 1024)
-        );
-        assert_eq!(
-            parse_status_bytes(STATUS_SAMPLE, "VmRSS"),
-            Some(262144 * 1024)
-        );
-        assert_eq!(parse_status_bytes(STATUS_SAMPLE, "Threads"), Some(4));
-        // `VmHWM` must not match a longer key that starts the same way.
-        assert_eq!(parse_status_bytes(STATUS_SAMPLE, "Vm"), None);
-        assert_eq!(parse_status_bytes(STATUS_SAMPLE, "VmSwap"), None);
-    }
 
     #[test]
     fn peak_is_at_least_current_on_linux() {

@@ -10,6 +10,7 @@
 //! The crate has no tensor dependency: a [`Batch`] is plain `Vec<u32>` ids that the trainer turns into tensors.
 
 mod batch;
+mod chat;
 pub mod clean;
 mod dataset;
 mod encoder;
@@ -24,6 +25,7 @@ mod tokenizer;
 mod writer;
 
 pub use batch::{Batch, EvalBatches, RandomBatches, ReaderState};
+pub use chat::{ChatConversation, ChatTurn, NO_LOSS, chat_row, read_chat_jsonl};
 pub use dataset::TokenDataset;
 pub use encoder::DocumentEncoder;
 pub use error::{DatasetError, Result};

@@ -1,8 +1,10 @@
 //! Chat prompts: a model's Jinja chat template (from `tokenizer_config.json` or GGUF `tokenizer.chat_template`)
 //! rendered with `minijinja`, the way `transformers`' `apply_chat_template` renders it.
 
+use std::ops::Range;
 use std::path::Path;
 
+use ember_tokenizer::Tokenizer;
 use minijinja::{Environment, Error, ErrorKind, context};
 use serde::Serialize;
 
@@ -122,6 +124,68 @@ impl ChatTemplate {
             })
             .map_err(template_error)
     }
+
+    /// Renders a whole conversation (no generation prompt) and the byte ranges of the text each assistant
+    /// message adds: what chat fine-tuning computes its loss on.
+    ///
+    /// The range of assistant message `i` is what rendering `messages[..=i]` adds to rendering `messages[..i]`
+    /// with the generation prompt: the reply and its end-of-turn marker, without the header that opens the turn
+    /// (which the model is given, not asked to write). transformers computes the same mask from `{% generation %}`
+    /// tags, which few templates carry; prefixes work for every template that renders a conversation as the
+    /// concatenation of its turns, and one that does not is an error, not a wrong mask.
+    pub fn render_assistant_spans(
+        &self,
+        messages: &[Message],
+    ) -> Result<(String, Vec<Range<usize>>), InferenceError> {
+        let text = self.render(messages, false)?;
+        let mut spans = Vec::new();
+        for (i, message) in messages.iter().enumerate() {
+            if message.role != "assistant" {
+                continue;
+            }
+            let prompt = self.render(&messages[..i], true)?;
+            let through = self.render(&messages[..=i], false)?;
+            if !through.starts_with(&prompt) || !text.starts_with(&through) {
+                return Err(InferenceError::Template(format!(
+                    "message {i} (assistant): the chat template does not render a conversation as its turns one \
+                     after another, so the reply's tokens cannot be told from the prompt's"
+                )));
+            }
+            if through.len() > prompt.len() {
+                spans.push(prompt.len()..through.len());
+            }
+        }
+        Ok((text, spans))
+    }
+
+    /// The token ids of a conversation rendered for fine-tuning and whether each is a reply token (trained on):
+    /// [`render_assistant_spans`](Self::render_assistant_spans), encoded piece by piece at the spans' edges so
+    /// each token lies wholly inside or outside a reply. The edges fall on template markup (after
+    /// `<|im_start|>assistant\n`, after `<|im_end|>\n`), where the pre-tokenizer splits anyway, so the ids are
+    /// those of the whole text (tested against transformers). Special tokens the template writes become their
+    /// ids, as `apply_chat_template(tokenize=True)` encodes.
+    pub fn encode_for_training(
+        &self,
+        tokenizer: &Tokenizer,
+        messages: &[Message],
+    ) -> Result<(Vec<u32>, Vec<bool>), InferenceError> {
+        let (text, spans) = self.render_assistant_spans(messages)?;
+        let (mut ids, mut trained) = (Vec::new(), Vec::new());
+        let mut push = |piece: &str, train: bool| -> Result<(), InferenceError> {
+            let piece_ids = tokenizer.encode(piece)?;
+            trained.extend(std::iter::repeat_n(train, piece_ids.len()));
+            ids.extend(piece_ids);
+            Ok(())
+        };
+        let mut at = 0;
+        for span in &spans {
+            push(&text[at..span.start], false)?;
+            push(&text[span.clone()], true)?;
+            at = span.end;
+        }
+        push(&text[at..], false)?;
+        Ok((ids, trained))
+    }
 }
 
 #[cfg(test)]
@@ -151,6 +215,29 @@ mod tests {
             with_system,
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
         );
+    }
+
+    #[test]
+    fn assistant_spans_cover_each_reply_and_its_end_of_turn_marker() {
+        let t = ChatTemplate::new(SMOLLM2, "<|im_start|>", "<|im_end|>");
+        let messages = [
+            Message::new("user", "Hi"),
+            Message::new("assistant", "Hello."),
+            Message::new("user", "Bye"),
+            Message::new("assistant", "Farewell."),
+        ];
+        let (text, spans) = t.render_assistant_spans(&messages).unwrap();
+        assert_eq!(text, t.render(&messages, false).unwrap());
+        let covered: Vec<&str> = spans.iter().map(|s| &text[s.clone()]).collect();
+        assert_eq!(covered, ["Hello.<|im_end|>\n", "Farewell.<|im_end|>\n"]);
+        // A template that renders the last turn differently from the same turn followed by others.
+        let odd = ChatTemplate::new(
+            "{% for m in messages %}{% if loop.last %}[{{ m.content }}]{% else %}{{ m.content }}{% endif %}{% endfor %}",
+            "",
+            "",
+        );
+        let err = odd.render_assistant_spans(&messages).unwrap_err().to_string();
+        assert!(err.contains("message 1 (assistant)"), "{err}");
     }
 
     #[test]

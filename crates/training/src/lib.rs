@@ -5,6 +5,7 @@
 //! ([`TrainData`]), so it runs the same on ember-model's transformer and on a two-layer test model.
 
 mod adamw;
+mod chat_data;
 mod checkpoint;
 mod data_parallel;
 mod error;
@@ -16,6 +17,7 @@ mod metrics;
 mod model_io;
 mod params;
 mod plot;
+mod resident;
 mod run_progress;
 mod schedule;
 mod shard_data;
@@ -23,6 +25,7 @@ mod tensor_file;
 mod trainer;
 
 pub use adamw::{AdamW, AdamWConfig, DecayPolicy};
+pub use chat_data::ChatData;
 pub use checkpoint::{
     OPTIMIZER_FILE, TRAINER_STATE_FILE, TrainerState, resolve_checkpoint, write_atomically,
 };
@@ -38,6 +41,7 @@ pub use model_io::{
 };
 pub use params::{Gradients, ParamInfo, load_parameters, parameters, save_parameters};
 pub use plot::{draw as draw_loss_plot, plot_run};
+pub use resident::{parse_status_bytes, peak_rss_bytes};
 pub use schedule::CosineSchedule;
 pub use shard_data::ShardData;
 pub use tensor_file::read_f32_tensors;

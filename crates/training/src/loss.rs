@@ -3,20 +3,28 @@
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
+use ember_attention::IGNORE_TARGET;
+use ember_dataset::NO_LOSS;
 
-/// Mean cross-entropy (nats per token) of `logits` `[batch, seq, vocab]` against `targets` `[batch, seq]`.
-/// Returns a one-element tensor `[1]`.
+/// Mean cross-entropy (nats per token) of `logits` `[batch, seq, vocab]` against `targets` `[batch, seq]`, over
+/// the positions whose target is not [`IGNORE_TARGET`]. Returns a one-element tensor `[1]`.
 pub fn cross_entropy<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
     let [batch, seq, vocab] = logits.dims();
+    let targets = targets.reshape([batch * seq, 1]);
+    let ignored = targets.clone().equal_elem(IGNORE_TARGET);
+    let counted = ignored.clone().bool_not().float();
+    let count = counted.clone().sum().clamp_min(1.0);
     let log_probs = log_softmax(logits.reshape([batch * seq, vocab]), 1);
-    log_probs
-        .gather(1, targets.reshape([batch * seq, 1]))
-        .mean()
+    (log_probs.gather(1, targets.mask_fill(ignored, 0)) * counted)
+        .sum()
+        .div(count)
         .neg()
 }
 
 /// Splits token rows `[batch, block + 1]` (row-major; `batch = rows.len() / (block + 1)`) into inputs
-/// `[batch, block]` (all but the last token of each row) and targets `[batch, block]` (all but the first).
+/// `[batch, block]` (all but the last token of each row) and targets `[batch, block]` (all but the first). A
+/// token carrying [`NO_LOSS`] (chat data: prompt and padding) is fed as input without the flag and, as a target,
+/// becomes [`IGNORE_TARGET`].
 pub fn inputs_and_targets<B: Backend>(
     rows: &[u32],
     block: usize,
@@ -27,8 +35,14 @@ pub fn inputs_and_targets<B: Backend>(
     let mut inputs = Vec::with_capacity(batch * block);
     let mut targets = Vec::with_capacity(batch * block);
     for row in rows.chunks_exact(width) {
-        inputs.extend(row[..block].iter().map(|&t| t as i64));
-        targets.extend(row[1..].iter().map(|&t| t as i64));
+        inputs.extend(row[..block].iter().map(|&t| (t & !NO_LOSS) as i64));
+        targets.extend(row[1..].iter().map(|&t| {
+            if t & NO_LOSS != 0 {
+                IGNORE_TARGET
+            } else {
+                t as i64
+            }
+        }));
     }
     (
         Tensor::from_data(TensorData::new(inputs, [batch, block]), device),
@@ -68,6 +82,35 @@ mod tests {
             (loss as f64 - expected).abs() < 1e-5,
             "{loss} vs {expected}"
         );
+    }
+
+    /// The fallback loss (models without the fused kernel) leaves ignored positions out of the mean, as the
+    /// fused kernel does: the loss over a batch with ignored positions equals the loss over the counted ones.
+    #[test]
+    fn ignored_targets_leave_the_mean() {
+        let device = Default::default();
+        let logits: Vec<f32> = (0..4 * 5).map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.3).collect();
+        let all = Tensor::<Flex, 3>::from_data(TensorData::new(logits.clone(), [1, 4, 5]), &device);
+        let some = Tensor::<Flex, 3>::from_data(TensorData::new(logits[5..15].to_vec(), [1, 2, 5]), &device);
+        let masked = Tensor::<Flex, 2, Int>::from_data(
+            TensorData::new(vec![IGNORE_TARGET, 4, 2, IGNORE_TARGET], [1, 4]),
+            &device,
+        );
+        let kept = Tensor::<Flex, 2, Int>::from_data(TensorData::new(vec![4i64, 2], [1, 2]), &device);
+        let a: f32 = cross_entropy(all, masked).into_scalar();
+        let b: f32 = cross_entropy(some, kept).into_scalar();
+        // The same two f32 terms summed and divided by 2: equal to rounding.
+        assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+    }
+
+    #[test]
+    fn no_loss_tokens_are_inputs_but_not_targets() {
+        let device = Default::default();
+        let (inputs, targets) =
+            inputs_and_targets::<Flex>(&[1 | NO_LOSS, 2 | NO_LOSS, 3, 4 | NO_LOSS], 3, &device);
+        let ints = |t: Tensor<Flex, 2, Int>| t.into_data().convert::<i64>().into_vec::<i64>().unwrap();
+        assert_eq!(ints(inputs), [1, 2, 3]);
+        assert_eq!(ints(targets), [IGNORE_TARGET, 3, IGNORE_TARGET]);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The metrics log: `metrics.jsonl`, one JSON object per line.
 //!
-//! Training lines carry `step`, `loss`, `lr`, `grad_norm`, `tokens_per_sec` and `elapsed_s`; validation lines carry
-//! `step`, `val_loss`, `val_bpb` and `val_ppl`. Absent fields are omitted, so each line only says what was measured.
+//! Training lines carry `step`, `loss`, `lr`, `grad_norm`, `tokens_per_sec`, `elapsed_s` and `peak_rss_mib`;
+//! validation lines carry `step`, `val_loss`, `val_bpb` and `val_ppl`. Absent fields are omitted, so each line
+//! only says what was measured.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -31,6 +32,10 @@ pub struct MetricsRecord {
     /// Wall-clock seconds of training so far (across resumes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub elapsed_s: Option<f64>,
+    /// Peak resident memory of the process so far in MiB (Linux `VmHWM`; absent where the system does not
+    /// report it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_rss_mib: Option<f64>,
     /// Mean validation loss (nats per token) over the fixed validation windows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub val_loss: Option<f64>,

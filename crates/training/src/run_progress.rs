@@ -107,6 +107,7 @@ impl RunProgress {
                 grad_norm: Some(grad_norm),
                 tokens_per_sec: Some(rate),
                 elapsed_s: Some(self.state.elapsed_s),
+                peak_rss_mib: crate::peak_rss_bytes().map(|b| b as f64 / (1 << 20) as f64),
                 ..Default::default()
             })?;
             self.interval_start = (Instant::now(), self.state.tokens_seen);
@@ -122,6 +123,7 @@ impl RunProgress {
             losses: self.losses,
             best_val_loss: self.state.best_val_loss,
             best_val_bpb: self.best_val_bpb,
+            peak_rss_bytes: crate::peak_rss_bytes(),
         }
     }
 }

@@ -98,6 +98,8 @@ pub struct TrainSummary {
     pub best_val_bpb: Option<f64>,
     /// Mean training throughput of this invocation.
     pub tokens_per_sec: f64,
+    /// Peak resident memory of the process at the end, in bytes (`None` where the system does not report it).
+    pub peak_rss_bytes: Option<u64>,
 }
 
 /// One optimiser step, for progress display.
@@ -381,8 +383,8 @@ where
     Ok((loss_sum, norm, model, None))
 }
 
-/// Mean loss per token over the fixed validation batches (which may differ in row count), on the inner
-/// (no-autodiff) model. Returns nats per token.
+/// Mean loss per target token over the fixed validation batches (which may differ in row count and, for chat
+/// data, in how many of their positions are targets), on the inner (no-autodiff) model. Returns nats per token.
 pub fn validation_loss<AB, M>(
     model: &M,
     data: &mut dyn TrainData,
@@ -404,17 +406,22 @@ where
             source: "the validation split yields no windows; lower model.block_size or raise data.val_fraction".into(),
         });
     }
-    let (mut total, mut rows_seen) = (0.0, 0usize);
+    let (mut total, mut targets_seen) = (0.0, 0usize);
     for rows in &batches {
-        let count = rows.len() / (block_size + 1);
+        // Each batch's loss is its mean over its targets, so it weighs by how many it has.
+        let count = rows
+            .chunks_exact(block_size + 1)
+            .flat_map(|row| &row[1..])
+            .filter(|&&t| t & ember_dataset::NO_LOSS == 0)
+            .count();
         let (inputs, targets) = inputs_and_targets::<AB::InnerBackend>(rows, block_size, &device);
         let loss = inner
             .loss(inputs, targets)
             .map_err(|e| external("validation forward pass".into(), e))?;
         total += loss.into_scalar().elem::<f64>() * count as f64;
-        rows_seen += count;
+        targets_seen += count;
     }
-    Ok(total / rows_seen.max(1) as f64)
+    Ok(total / targets_seen.max(1) as f64)
 }
 
 /// One validation pass: logs it, saves `best/` on improvement, and says whether patience has run out.

@@ -3,7 +3,7 @@
 //! batches).
 
 use burn::backend::Flex;
-use burn::tensor::ops::{BoolTensor, FloatTensor, IntTensor};
+use burn::tensor::ops::{BoolTensor, FloatTensor, FloatTensorOps, IntTensor};
 
 use crate::EmberBackend;
 use crate::flash::FlashConfig;
@@ -29,6 +29,11 @@ impl EmberBackend for Flex {
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         crate::cpu::dense_backward(&x, &weight, &grad)
             .unwrap_or_else(|| portable_dense_backward::<Self>(x, weight, grad))
+    }
+
+    fn dense_input_grad(weight: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
+        crate::cpu::dense_input_grad(&weight, &grad)
+            .unwrap_or_else(|| <Self as FloatTensorOps<Self>>::float_matmul(grad, weight))
     }
 
     fn rms_norm(x: FloatTensor<Self>, weight: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {

@@ -1,5 +1,6 @@
 //! Mean cross-entropy over rows of logits and its gradient `softmax - onehot`, without materialising the
-//! log-probabilities: two vectorised passes over each row forward, one backward.
+//! log-probabilities: two vectorised passes over each row forward, one backward. A row whose target is
+//! [`IGNORE_TARGET`] takes no loss and no gradient.
 
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Shape};
@@ -7,9 +8,11 @@ use rayon::prelude::*;
 
 use super::simd::{exp, vectorized};
 use super::{PARALLEL_MIN, f32_slice, for_each_chunk, kernel_threads, zeroed};
+use crate::IGNORE_TARGET;
 
-/// Target ids as `usize`, or `None` if a dtype is unexpected or an id is not in `0..vocab`.
-fn target_ids(targets: &FlexTensor, vocab: usize) -> Option<Vec<usize>> {
+/// Target ids as `usize` (`None` for an ignored row), or `None` overall if a dtype is unexpected or an id is
+/// neither in `0..vocab` nor [`IGNORE_TARGET`].
+fn target_ids(targets: &FlexTensor, vocab: usize) -> Option<Vec<Option<usize>>> {
     let ids: Vec<i64> = match targets.dtype() {
         DType::I64 => targets.as_slice::<i64>()?.to_vec(),
         DType::I32 => targets
@@ -20,8 +23,16 @@ fn target_ids(targets: &FlexTensor, vocab: usize) -> Option<Vec<usize>> {
         _ => return None,
     };
     ids.into_iter()
-        .map(|t| usize::try_from(t).ok().filter(|&t| t < vocab))
+        .map(|t| match t {
+            IGNORE_TARGET => Some(None),
+            t => usize::try_from(t).ok().filter(|&t| t < vocab).map(Some),
+        })
         .collect()
+}
+
+/// Rows that take a loss: the mean's denominator (at least 1, so a batch of ignored rows has loss 0).
+fn counted(ids: &[Option<usize>]) -> usize {
+    ids.iter().filter(|t| t.is_some()).count().max(1)
 }
 
 /// Lanes of the row reductions: a reduction kept in 8 independent accumulators vectorises, where one running
@@ -81,17 +92,18 @@ pub(crate) fn cross_entropy(
         .iter()
         .zip(&ids)
         .enumerate()
-        .map(|(r, (&l, &t))| f64::from(l - x[r * vocab + t]))
+        .filter_map(|(r, (&l, &t))| Some(f64::from(l - x[r * vocab + t?])))
         .sum();
     let loss = FlexTensor::from_data(burn::tensor::TensorData::new(
-        vec![(total / rows.max(1) as f64) as f32],
+        vec![(total / counted(&ids) as f64) as f32],
         [1],
     ));
     Some((loss, lse))
 }
 
 /// The gradient of [`cross_entropy`]'s mean loss with respect to `logits`, scaled by `grad` (`[1]`):
-/// `(softmax(row) - onehot(target)) * grad / rows`, from the forward's log-sum-exp.
+/// `(softmax(row) - onehot(target)) * grad / counted rows`, from the forward's log-sum-exp; zero for ignored
+/// rows.
 pub(crate) fn cross_entropy_backward(
     logits: &FlexTensor,
     targets: &FlexTensor,
@@ -109,7 +121,7 @@ pub(crate) fn cross_entropy_backward(
     if lse.len() != rows || ids.len() != rows {
         return None;
     }
-    let scale = g / rows.max(1) as f32;
+    let scale = g / counted(&ids) as f32;
     let mut out = zeroed(shape);
     for_each_chunk(
         &mut out.storage_mut::<f32>()[..rows * vocab],
@@ -118,11 +130,13 @@ pub(crate) fn cross_entropy_backward(
             vectorized!({
                 for (i, o) in part.chunks_exact_mut(vocab).enumerate() {
                     let r = start / vocab + i;
+                    // An ignored row keeps the zeros it was allocated with.
+                    let Some(target) = ids[r] else { continue };
                     let (row, l) = (&x[r * vocab..(r + 1) * vocab], lse[r]);
                     for (o, &v) in o.iter_mut().zip(row) {
                         *o = exp(v - l) * scale;
                     }
-                    o[ids[r]] -= scale;
+                    o[target] -= scale;
                 }
             })
         },

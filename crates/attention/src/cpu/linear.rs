@@ -235,3 +235,26 @@ pub(crate) fn dense_backward(
     }
     Some((d_x, d_weight))
 }
+
+/// `d_x = grad · W` `[rows, in]` of [`dense`] alone, for a weight that takes no gradient. `None` for other
+/// inputs.
+pub(crate) fn dense_input_grad(weight: &FlexTensor, grad: &FlexTensor) -> Option<FlexTensor> {
+    let (ws, gs) = (weight.layout().shape(), grad.layout().shape());
+    if ws.num_dims() != 2 || gs.num_dims() != 2 || gs[1] != ws[0] {
+        return None;
+    }
+    let (rows, out, inputs) = (gs[0], ws[0], ws[1]);
+    let (wd, gd) = (f32_slice(weight)?, f32_slice(grad)?);
+    let mut d_x = zeroed(Shape::from(vec![rows, inputs]));
+    // SAFETY: `gd` is `[rows, out]` and `wd` `[out, inputs]`, both row-major and only read.
+    unsafe {
+        product(
+            (rows, inputs, out),
+            Operand::row_major(gd, out),
+            Operand::row_major(wd, inputs),
+            &mut d_x.storage_mut::<f32>()[..rows * inputs],
+            false,
+        );
+    }
+    Some(d_x)
+}

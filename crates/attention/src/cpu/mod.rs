@@ -22,7 +22,7 @@ mod swiglu;
 pub(crate) use cross_entropy::{cross_entropy, cross_entropy_backward};
 pub(crate) use flash::{flash_backward, flash_forward};
 pub(crate) use ggml::ggml_dense;
-pub(crate) use linear::{dense, dense_backward};
+pub(crate) use linear::{dense, dense_backward, dense_input_grad};
 pub(crate) use norm::{rms_norm, rms_norm_backward};
 pub(crate) use quantized::quantized_dense;
 pub(crate) use rope::rope_rotate;

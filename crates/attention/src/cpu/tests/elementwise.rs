@@ -206,12 +206,14 @@ fn rope_gradient_is_the_backward_rotation_autodiff_computes() {
     }
 }
 
-/// `(mean loss, d loss / d logits)` in f64 for logits `[rows, vocab]` (row-major) and targets.
-fn cross_entropy_f64(logits: &[f32], targets: &[usize], vocab: usize) -> (f64, Vec<f64>) {
-    let rows = targets.len();
+/// `(mean loss, d loss / d logits)` in f64 for logits `[rows, vocab]` (row-major) and targets (`None`: an ignored
+/// row, out of the mean, zero gradient).
+fn cross_entropy_f64(logits: &[f32], targets: &[Option<usize>], vocab: usize) -> (f64, Vec<f64>) {
+    let rows = targets.iter().flatten().count().max(1);
     let mut loss = 0.0;
     let mut grad = vec![0.0; logits.len()];
-    for (r, &t) in targets.iter().enumerate() {
+    for (r, t) in targets.iter().enumerate() {
+        let Some(t) = *t else { continue };
         let row: Vec<f64> = logits[r * vocab..(r + 1) * vocab]
             .iter()
             .map(|&x| f64::from(x))
@@ -231,16 +233,26 @@ fn cross_entropy_f64(logits: &[f32], targets: &[usize], vocab: usize) -> (f64, V
 /// f32's `exp` overflow at 88.7: a missing max shift gives inf or NaN, and a wrong row's log-sum-exp shows.
 /// Tolerances: the loss is a mean of f32 `lse - logit` terms of magnitude up to ~200, each within a few ulp
 /// (1.5e-5 at 100), so 1e-4 absolute; gradient entries are `softmax / rows`, whose exponent `x - lse` carries
-/// about 100 * 2^-24 absolute rounding (6e-6 relative after exp), so 1e-5 relative to the largest entry.
+/// about 100 * 2^-24 absolute rounding (6e-6 relative after exp), so 1e-5 relative to the largest entry. Every
+/// third row's target is `IGNORE_TARGET` in the second pass of each size (a chat prompt's tokens): those rows
+/// must leave the mean and get a zero gradient; a batch of only ignored rows has loss 0 and no gradient.
 #[test]
 fn cross_entropy_and_its_gradient_match_float64() {
     use crate::portable::{portable_cross_entropy, portable_cross_entropy_backward};
-    for (batch, seq, vocab) in [(1, 3, 50), (4, 64, 2048)] {
+    let cases = [(1, 3, 50), (4, 64, 2048)]
+        .into_iter()
+        .flat_map(|shape| [(shape, 0), (shape, 3), (shape, 1)]);
+    for ((batch, seq, vocab), ignore_every) in cases {
         let rows = batch * seq;
         let logits = tensor::<Flex, 3>([batch, seq, vocab], 12, 100.0);
-        let targets: Vec<usize> = (0..rows).map(|r| (r * 7919 + 13) % vocab).collect();
+        let targets: Vec<Option<usize>> = (0..rows)
+            .map(|r| (ignore_every == 0 || r % ignore_every != 0).then_some((r * 7919 + 13) % vocab))
+            .collect();
         let target_tensor = || {
-            let ids: Vec<i64> = targets.iter().map(|&t| t as i64).collect();
+            let ids: Vec<i64> = targets
+                .iter()
+                .map(|t| t.map_or(crate::IGNORE_TARGET, |t| t as i64))
+                .collect();
             Tensor::<A, 2, burn::tensor::Int>::from_data(
                 TensorData::new(ids, [batch, seq]),
                 &Default::default(),
@@ -251,16 +263,17 @@ fn cross_entropy_and_its_gradient_match_float64() {
         let check = |what: &str, loss: f32, grad: Vec<f32>| {
             assert!(
                 (f64::from(loss) - want_loss).abs() < 1e-4,
-                "{what} {rows}x{vocab}: loss {loss} vs {want_loss}"
+                "{what} {rows}x{vocab} (ignoring every {ignore_every}): loss {loss} vs {want_loss}"
             );
             let err = grad
                 .iter()
                 .zip(&want_grad)
                 .map(|(g, w)| (f64::from(*g) - w).abs())
                 .fold(0.0, f64::max);
+            // `<=`: with every row ignored both gradients are exactly zero.
             assert!(
-                err < 1e-5 * grad_scale,
-                "{what} {rows}x{vocab}: gradient off by {err}"
+                err <= 1e-5 * grad_scale,
+                "{what} {rows}x{vocab} (ignoring every {ignore_every}): gradient off by {err}"
             );
         };
 

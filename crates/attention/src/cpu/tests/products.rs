@@ -100,6 +100,33 @@ fn dense_gradients_match_autodiff_through_tensor_ops() {
     );
 }
 
+/// A frozen weight (no `require_grad`, a LoRA base) takes the input-gradient-only path of the graph node, which
+/// gives the same `d_x` as the full backward step: one product, the same f32 sums, so 1e-6 relative with a floor
+/// of 1 (gradients of unit scale; the order of the sums is the same, so only the thread split may differ).
+#[test]
+fn dense_with_a_frozen_weight_gives_the_same_input_gradient() {
+    let (rows, inputs, out) = (70, 48, 40);
+    let grad = tensor::<A, 2>([rows, out], 24, 1.0);
+    let d_x = |frozen: bool| {
+        let x = tensor::<A, 2>([rows, inputs], 21, 1.0).require_grad();
+        let w = tensor::<A, 2>([out, inputs], 22, 0.3);
+        let w = if frozen { w } else { w.require_grad() };
+        let grads = (crate::linear(x.clone(), w.clone(), None) * grad.clone())
+            .sum()
+            .backward();
+        assert_eq!(w.grad(&grads).is_some(), !frozen, "weight gradient presence");
+        floats(x.grad(&grads).expect("x gradient"))
+    };
+    let err = max_rel(&d_x(true), &d_x(false), 1.0);
+    assert!(err < 1e-6, "d_x: relative error {err}");
+    let w = tensor::<Flex, 2>([out, inputs], 22, 0.3);
+    let g = tensor::<Flex, 2>([rows, out], 24, 1.0);
+    assert!(
+        crate::cpu::dense_input_grad(&primitive(w), &primitive(g)).is_some(),
+        "the native input gradient declined contiguous f32 operands"
+    );
+}
+
 /// The native flash kernel takes the unpadded f32 calls burn-flex gets (so the oracle tests of `attention` on
 /// burn-flex check it, not the portable fallback), with contiguous heads or heads that are a transposed view of
 /// a `[batch, seq, heads, dim]` projection (read in place), and agrees with the portable tensor-op kernel: both

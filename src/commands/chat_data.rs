@@ -1,0 +1,68 @@
+//! Chat fine-tuning data (`data.format: chat`): JSONL conversations rendered with the model's chat template and
+//! tokenized into one right-padded row each, trained only on the assistant's replies.
+
+use std::path::Path;
+
+use anyhow::{Context as _, bail};
+use ember_dataset::{ChatConversation, chat_row, read_chat_jsonl};
+use ember_inference::{ChatTemplate, Message};
+use ember_tokenizer::Tokenizer;
+
+/// Training and validation rows of `block_size + 1` tokens from the chat JSONL files `inputs`: the last
+/// `val_fraction` of the conversations (at least one) are held out, as the text format holds out the end of the
+/// corpus. A conversation longer than a row is an error naming its file and line.
+pub fn chat_rows(
+    inputs: &[std::path::PathBuf],
+    template: &ChatTemplate,
+    tokenizer: &Tokenizer,
+    block_size: usize,
+    val_fraction: f64,
+) -> anyhow::Result<(Vec<Vec<u32>>, Vec<Vec<u32>>)> {
+    let width = block_size + 1;
+    let pad = tokenizer.eos_id().unwrap_or(0);
+    let mut rows = Vec::new();
+    for input in inputs {
+        let conversations = read_chat_jsonl(input)?;
+        for ChatConversation { line, turns } in conversations {
+            let messages: Vec<Message> = turns
+                .iter()
+                .map(|t| Message::new(&t.role, &t.content))
+                .collect();
+            let (ids, trained) = template
+                .encode_for_training(tokenizer, &messages)
+                .with_context(|| format!("{}:{line}", input.display()))?;
+            let Some(row) = chat_row(&ids, &trained, width, pad) else {
+                bail!(
+                    "{}:{line}: the conversation is {} tokens, longer than a training row (model.block_size + 1 = \
+                     {width}); raise model.block_size or shorten it",
+                    input.display(),
+                    ids.len()
+                );
+            };
+            rows.push(row);
+        }
+    }
+    if rows.len() < 2 {
+        bail!(
+            "data.inputs: {} chat conversation(s); at least two are needed, one to train on and one to validate",
+            rows.len()
+        );
+    }
+    let held_out = ((rows.len() as f64 * val_fraction).ceil() as usize).clamp(1, rows.len() - 1);
+    let val = rows.split_off(rows.len() - held_out);
+    Ok((rows, val))
+}
+
+/// The chat template of `model.from` (`path`), or an error saying chat data needs one.
+pub fn base_template<'a>(
+    template: Option<&'a ChatTemplate>,
+    path: &Path,
+) -> anyhow::Result<&'a ChatTemplate> {
+    template.with_context(|| {
+        format!(
+            "data.format chat: model.from {} has no chat template (tokenizer_config.json `chat_template` or GGUF \
+             `tokenizer.chat_template`)",
+            path.display()
+        )
+    })
+}
