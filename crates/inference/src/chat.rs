@@ -158,18 +158,34 @@ impl ChatTemplate {
         Ok((text, spans))
     }
 
-    /// The token ids of a conversation rendered for fine-tuning and whether each is a reply token (trained on):
-    /// [`render_assistant_spans`](Self::render_assistant_spans), encoded piece by piece at the spans' edges so
-    /// each token lies wholly inside or outside a reply. The edges fall on template markup (after
-    /// `<|im_start|>assistant\n`, after `<|im_end|>\n`), where the pre-tokenizer splits anyway, so the ids are
-    /// those of the whole text (tested against transformers). Special tokens the template writes become their
-    /// ids, as `apply_chat_template(tokenize=True)` encodes.
+    /// The token ids of a conversation rendered for fine-tuning and whether each is a reply token (trained on).
+    /// The whole text of [`render_assistant_spans`](Self::render_assistant_spans) is encoded at once, so the ids
+    /// are what `apply_chat_template(tokenize=True)` gives (special tokens the template writes become their
+    /// ids), and a token is trained when its bytes overlap a reply span, as transformers'
+    /// `return_assistant_tokens_mask` marks every token from the one holding a span's first character to the
+    /// one holding its last. A token may straddle an edge (`"\n  The"` after `assistant` is one token `"\n "`
+    /// then `" The"` in SmolLM2's vocabulary): it is trained, as there. Where the decoded tokens do not spell
+    /// the text byte for byte (a normalizer that rewrites it), the pieces are encoded separately at the spans'
+    /// edges instead, so each token lies wholly inside or outside a reply.
     pub fn encode_for_training(
         &self,
         tokenizer: &Tokenizer,
         messages: &[Message],
     ) -> Result<(Vec<u32>, Vec<bool>), InferenceError> {
         let (text, spans) = self.render_assistant_spans(messages)?;
+        let ids = tokenizer.encode(&text)?;
+        if tokenizer.decode_bytes(&ids)? == text.as_bytes() {
+            let ends = tokenizer.token_ends(&ids)?;
+            let trained = ends
+                .iter()
+                .enumerate()
+                .map(|(i, &end)| {
+                    let start = if i == 0 { 0 } else { ends[i - 1] };
+                    start < end && spans.iter().any(|s| start < s.end && end > s.start)
+                })
+                .collect();
+            return Ok((ids, trained));
+        }
         let (mut ids, mut trained) = (Vec::new(), Vec::new());
         let mut push = |piece: &str, train: bool| -> Result<(), InferenceError> {
             let piece_ids = tokenizer.encode(piece)?;

@@ -161,6 +161,27 @@ impl Tokenizer {
         Ok(out)
     }
 
+    /// Where each of `ids` ends in the bytes [`Tokenizer::decode_bytes`] gives for them: token `i` covers
+    /// `ends[i - 1]..ends[i]` (from 0 for the first). A leading space the decoder strips is taken off the first
+    /// token, so a token that was only that space covers nothing.
+    pub fn token_ends(&self, ids: &[u32]) -> Result<Vec<usize>> {
+        let mut ends = Vec::with_capacity(ids.len());
+        let mut at = 0usize;
+        let mut strip = self.strip_leading_space;
+        for &id in ids {
+            let bytes = self.token_bytes(id)?;
+            at += bytes.len();
+            if strip && !bytes.is_empty() {
+                if bytes[0] == b' ' {
+                    at -= 1;
+                }
+                strip = false;
+            }
+            ends.push(at);
+        }
+        Ok(ends)
+    }
+
     /// Decodes `ids` to text; byte sequences that are not valid UTF-8 become U+FFFD (as tiktoken and HF do).
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         Ok(String::from_utf8_lossy(&self.decode_bytes(ids)?).into_owned())

@@ -111,3 +111,29 @@ fn gguf_vocab_errors_name_the_key() {
         "{err}"
     );
 }
+
+/// `token_ends` must cut the decoded bytes into each token's own bytes, including SentencePiece's first token,
+/// whose added prefix space the decoder strips (it covers one byte less).
+#[test]
+fn token_ends_cut_the_decoded_text_into_each_tokens_bytes() {
+    let byte_level =
+        Tokenizer::from_gguf_vocab(gguf_arrays("qwen2_style", "gpt2", Some("qwen2"))).unwrap();
+    let spm = Tokenizer::from_gguf_vocab(gguf_arrays("llama2_style", "llama", None)).unwrap();
+    for tok in [&byte_level, &spm] {
+        for text in ["Hello world", "  two spaces\n\nand 12345", "a"] {
+            let ids = tok.encode(text).unwrap();
+            let ends = tok.token_ends(&ids).unwrap();
+            let decoded = tok.decode_bytes(&ids).unwrap();
+            assert_eq!(ends.len(), ids.len());
+            assert_eq!(*ends.last().unwrap(), decoded.len(), "{text:?}");
+            let mut start = 0;
+            for (i, &end) in ends.iter().enumerate() {
+                assert!(start <= end, "{text:?}: ends go backwards at {i}");
+                // The first i + 1 tokens decode to the text up to token i's end.
+                let prefix = tok.decode_bytes(&ids[..=i]).unwrap();
+                assert_eq!(&decoded[..end], &prefix[..], "{text:?}: token {i}");
+                start = end;
+            }
+        }
+    }
+}
