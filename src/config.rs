@@ -72,7 +72,7 @@ pub struct TokenizerConfig {
 }
 
 /// The model: a pretrained checkpoint to start from (`from`), or the shape of a model trained from scratch (a
-/// LLaMA-style decoder: RMSNorm, RoPE, SwiGLU, GQA).
+/// LLaMA-style decoder: RMSNorm, RoPE, SwiGLU, GQA; or any registered family named by `architecture`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
@@ -80,6 +80,10 @@ pub struct ModelConfig {
     /// an ember run's `best/`. Its architecture, shape and tokenizer are the model's own, so the shape keys below
     /// and the `tokenizer` section are errors next to it; `block_size` and `attention` still apply.
     pub from: Option<PathBuf>,
+    /// The family of a model trained from scratch, as its Hugging Face architecture name (`GPT2LMHeadModel`,
+    /// `Qwen3ForCausalLM`, ...: any `ember info` lists); the shape keys below become that family's config.json
+    /// keys and every other knob is the family's default. Unset: ember's LLaMA-style decoder.
+    pub architecture: Option<String>,
     /// Width of the residual stream.
     pub hidden_size: usize,
     /// Number of transformer blocks.
@@ -294,9 +298,25 @@ impl Default for TokenizerConfig {
 }
 
 impl ModelConfig {
-    /// The LLaMA-style spec these keys describe, with a vocabulary of `vocab_size` (the tokenizer's). `ember train`,
-    /// `ember bench --suite train` and the config fuzzer all build the model from this one conversion.
-    pub fn spec(&self, vocab_size: usize) -> ember_model::ModelSpec {
+    /// The spec these keys describe (LLaMA-style, or `architecture`'s family), with a vocabulary of `vocab_size`
+    /// (the tokenizer's), or an error naming the key the family cannot honour. `ember train`, `ember bench --suite
+    /// train` and the config fuzzer all build the model from this one conversion.
+    pub fn spec(&self, vocab_size: usize) -> Result<ember_model::ModelSpec, String> {
+        if let Some(architecture) = &self.architecture {
+            let shape = ember_model::arch::ScratchShape {
+                vocab_size,
+                hidden_size: self.hidden_size,
+                num_layers: self.num_layers,
+                num_heads: self.num_heads,
+                num_kv_heads: self.num_kv_heads,
+                intermediate_size: self.intermediate_size,
+                context_length: self.block_size,
+                rope_theta: self.rope_theta,
+                norm_eps: self.norm_eps,
+                tie_embeddings: self.tie_embeddings,
+            };
+            return ember_model::arch::scratch_spec(architecture, &shape);
+        }
         let mut spec = ember_model::ModelSpec::llama_style(
             vocab_size,
             self.hidden_size,
@@ -311,7 +331,7 @@ impl ModelConfig {
         if let ember_model::Positions::Rope(rope) = &mut spec.positions {
             rope.theta = self.rope_theta;
         }
-        spec
+        Ok(spec)
     }
 }
 
@@ -319,6 +339,7 @@ impl Default for ModelConfig {
     fn default() -> Self {
         Self {
             from: None,
+            architecture: None,
             hidden_size: 256,
             num_layers: 4,
             num_heads: 8,
@@ -444,7 +465,8 @@ impl RunConfig {
 }
 
 /// The `model` keys that describe a shape, which a model loaded with `model.from` already has.
-const SHAPE_KEYS: [&str; 8] = [
+const SHAPE_KEYS: [&str; 9] = [
+    "architecture",
     "hidden_size",
     "num_layers",
     "num_heads",

@@ -356,7 +356,8 @@ fn chat_data_trains_on_replies_and_bad_chat_input_is_an_error_naming_the_line() 
     let base = base_model(dir.path());
     std::fs::write(
         base.join("tokenizer_config.json"),
-        serde_json::json!({"chat_template": CHAT_TEMPLATE, "eos_token": "<|endoftext|>"}).to_string(),
+        serde_json::json!({"chat_template": CHAT_TEMPLATE, "eos_token": "<|endoftext|>"})
+            .to_string(),
     )
     .unwrap();
     let lines: Vec<String> = (0..12)
@@ -380,7 +381,13 @@ fn chat_data_trains_on_replies_and_bad_chat_input_is_an_error_naming_the_line() 
     };
     write_config("chat.jsonl", 48);
     let run = dir.path().join("chat-run");
-    ok(ember(&["train", "--config", path(&config), "--out", path(&run)]));
+    ok(ember(&[
+        "train",
+        "--config",
+        path(&config),
+        "--out",
+        path(&run),
+    ]));
     let train = losses(&run);
     assert_eq!(train.len(), 4);
     assert!(train.iter().all(|l| l.is_finite() && *l > 0.0), "{train:?}");
@@ -391,31 +398,59 @@ fn chat_data_trains_on_replies_and_bad_chat_input_is_an_error_naming_the_line() 
     // Bad chat input: errors name the file and line, and nothing is written into the run directory.
     let bad = [
         ("not json", "bad.jsonl:2", 48),
-        ("{\"messages\": [{\"role\": \"user\"}]}", "missing field `content`", 48),
+        (
+            "{\"messages\": [{\"role\": \"user\"}]}",
+            "missing field `content`",
+            48,
+        ),
         ("{\"text\": \"hi\"}", "missing field `messages`", 48),
     ];
     for (line, expected, block) in bad {
-        std::fs::write(dir.path().join("bad.jsonl"), format!("{}\n{line}\n", lines[0])).unwrap();
+        std::fs::write(
+            dir.path().join("bad.jsonl"),
+            format!("{}\n{line}\n", lines[0]),
+        )
+        .unwrap();
         write_config("bad.jsonl", block);
         let out = dir.path().join("bad-run");
         let output = ember(&["train", "--config", path(&config), "--out", path(&out)]);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success(), "{line} was accepted");
-        assert!(stderr.contains(expected) && stderr.contains("bad.jsonl:2"), "{line}: {stderr}");
+        assert!(
+            stderr.contains(expected) && stderr.contains("bad.jsonl:2"),
+            "{line}: {stderr}"
+        );
         assert!(!out.exists() || std::fs::read_dir(&out).unwrap().next().is_none());
     }
     // A conversation longer than a row.
     write_config("chat.jsonl", 4);
-    let output = ember(&["train", "--config", path(&config), "--out", path(&dir.path().join("short"))]);
+    let output = ember(&[
+        "train",
+        "--config",
+        path(&config),
+        "--out",
+        path(&dir.path().join("short")),
+    ]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        !output.status.success() && stderr.contains("chat.jsonl:1") && stderr.contains("longer than a training row"),
+        !output.status.success()
+            && stderr.contains("chat.jsonl:1")
+            && stderr.contains("longer than a training row"),
         "{stderr}"
     );
     // A base without a chat template.
     std::fs::remove_file(base.join("tokenizer_config.json")).unwrap();
     write_config("chat.jsonl", 48);
-    let output = ember(&["train", "--config", path(&config), "--out", path(&dir.path().join("none"))]);
+    let output = ember(&[
+        "train",
+        "--config",
+        path(&config),
+        "--out",
+        path(&dir.path().join("none")),
+    ]);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success() && stderr.contains("no chat template"), "{stderr}");
+    assert!(
+        !output.status.success() && stderr.contains("no chat template"),
+        "{stderr}"
+    );
 }

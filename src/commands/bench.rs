@@ -341,7 +341,9 @@ impl BenchJob {
             .with_context(|| format!("loading {}", config_path.display()))?;
         let m = &config.model;
         let vocab = config.tokenizer.vocab_size;
-        let spec = m.spec(vocab);
+        let spec = m
+            .spec(vocab)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", config_path.display()))?;
         let kernel = args.load.attention;
         let settings = TrainSettings {
             config: config_path.display().to_string(),

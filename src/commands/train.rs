@@ -76,7 +76,8 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
     };
     let data = match (config.data.format, &base) {
         (DataFormat::Chat, Some(base)) => {
-            let template = super::chat_data::base_template(base.chat_template.as_ref(), &base.path)?;
+            let template =
+                super::chat_data::base_template(base.chat_template.as_ref(), &base.path)?;
             let (train, val) = super::chat_data::chat_rows(
                 &text_files(&config.data.inputs)?,
                 template,
@@ -580,7 +581,11 @@ impl BackendJob for TrainJob {
                         replicas,
                     )?;
                 }
-                let spec = self.config.model.spec(self.tokenizer.vocab_size());
+                let spec = self
+                    .config
+                    .model
+                    .spec(self.tokenizer.vocab_size())
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
                 let model = Transformer::<Autodiff<B>>::init(&spec, self.config.seed, &device)
                     .context("building the model")?
                     .with_kernel(kernel);
@@ -614,9 +619,15 @@ impl BackendJob for TrainJob {
                 Box::new(data.bytes_per_token_of(bytes_of))
             }
             JobData::Chat { train, val } => {
-                let data =
-                    ChatData::new(train, val, batch_size, block_size, eval_batches, self.config.seed)
-                        .map_err(|e| anyhow::anyhow!("data.inputs: {e}"))?;
+                let data = ChatData::new(
+                    train,
+                    val,
+                    batch_size,
+                    block_size,
+                    eval_batches,
+                    self.config.seed,
+                )
+                .map_err(|e| anyhow::anyhow!("data.inputs: {e}"))?;
                 Box::new(data.bytes_per_token_of(bytes_of))
             }
         };

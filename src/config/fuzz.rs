@@ -250,7 +250,9 @@ fn check(name: &str, text: &str) -> Result<(), TestCaseError> {
 fn check_usable(config: &RunConfig) -> Result<(), TestCaseError> {
     let m = &config.model;
     let vocab = config.tokenizer.vocab_size.max(1);
-    let spec = m.spec(vocab);
+    let spec = m
+        .spec(vocab)
+        .map_err(|e| TestCaseError::fail(format!("accepted a model the spec refuses: {e}")))?;
     prop_assert!(
         spec.validate().is_ok(),
         "accepted a model the spec refuses: {:?}",

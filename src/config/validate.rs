@@ -225,8 +225,11 @@ impl RunConfig {
         )?;
         // The spec's own checks, as a backstop: a shape the model would refuse is refused here, where the error
         // can name the file, whatever rule the checks above do not repeat.
-        m.spec(self.tokenizer.vocab_size.max(1))
-            .validate()
+        let spec = m.spec(self.tokenizer.vocab_size.max(1)).map_err(|e| {
+            let (key, message) = split_key(&e);
+            c.invalid(key, message.to_string())
+        })?;
+        spec.validate()
             .map_err(|e| c.invalid("model", e.to_string()))
     }
 
@@ -457,5 +460,14 @@ impl RunConfig {
                 limits::gib(MAX_TRAINING_BYTES)
             ),
         ))
+    }
+}
+
+/// The dotted key a `model.*: ...` message from the spec conversion starts with, and the rest of it (`model`
+/// and the whole message when it names none).
+fn split_key(message: &str) -> (&str, &str) {
+    match message.split_once(": ") {
+        Some((key, rest)) if key.starts_with("model.") && !key.contains(' ') => (key, rest),
+        _ => ("model", message),
     }
 }

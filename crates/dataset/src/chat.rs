@@ -135,10 +135,22 @@ mod tests {
         for (bad, expect) in [
             ("not json", "expected {\"messages\""),
             ("{\"text\": \"hi\"}", "missing field `messages`"),
-            ("{\"messages\": [{\"content\": \"x\"}]}", "missing field `role`"),
-            ("{\"messages\": [{\"role\": \"user\"}]}", "missing field `content`"),
-            ("{\"messages\": [{\"role\": \"user\", \"content\": 3}]}", "invalid type"),
-            ("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", "role `assistant`"),
+            (
+                "{\"messages\": [{\"content\": \"x\"}]}",
+                "missing field `role`",
+            ),
+            (
+                "{\"messages\": [{\"role\": \"user\"}]}",
+                "missing field `content`",
+            ),
+            (
+                "{\"messages\": [{\"role\": \"user\", \"content\": 3}]}",
+                "invalid type",
+            ),
+            (
+                "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}",
+                "role `assistant`",
+            ),
         ] {
             let (_dir, path) = write(&format!("{good}\n{bad}\n"));
             let err = read_chat_jsonl(&path).unwrap_err().to_string();

@@ -252,7 +252,10 @@ mod tests {
             "",
             "",
         );
-        let err = odd.render_assistant_spans(&messages).unwrap_err().to_string();
+        let err = odd
+            .render_assistant_spans(&messages)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("message 1 (assistant)"), "{err}");
     }
 

@@ -44,15 +44,14 @@ fn assistant_mask_matches_transformers() {
             .as_array()
             .unwrap()
             .iter()
-            .map(|m| {
-                Message::new(
-                    m["role"].as_str().unwrap(),
-                    m["content"].as_str().unwrap(),
-                )
-            })
+            .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
             .collect();
         let (text, _) = template.render_assistant_spans(&messages).unwrap();
-        assert_eq!(text, record["text"].as_str().unwrap(), "conversation {i}: text");
+        assert_eq!(
+            text,
+            record["text"].as_str().unwrap(),
+            "conversation {i}: text"
+        );
         let (ids, trained) = template.encode_for_training(tokenizer, &messages).unwrap();
         let want_ids: Vec<u32> = record["ids"]
             .as_array()
@@ -68,6 +67,9 @@ fn assistant_mask_matches_transformers() {
             .collect();
         assert_eq!(ids, want_ids, "conversation {i}: ids");
         assert_eq!(trained, want_mask, "conversation {i}: assistant mask");
-        assert!(trained.iter().any(|&t| t), "conversation {i}: no reply token");
+        assert!(
+            trained.iter().any(|&t| t),
+            "conversation {i}: no reply token"
+        );
     }
 }

@@ -148,7 +148,11 @@ mod tests {
         for batch in &first {
             assert_eq!(batch.len(), 8);
             for row in batch.chunks_exact(4) {
-                assert_eq!(row[0] % 100, 0, "a batch row starts mid-conversation: {row:?}");
+                assert_eq!(
+                    row[0] % 100,
+                    0,
+                    "a batch row starts mid-conversation: {row:?}"
+                );
             }
         }
         let saved = data.state();
@@ -161,7 +165,10 @@ mod tests {
         assert_eq!(val.iter().map(Vec::len).collect::<Vec<_>>(), [8, 4]);
         let mut other = ChatData::new(rows(4, 4), rows(3, 4), 2, 3, 10, 7).unwrap();
         let err = other.restore(&saved).unwrap_err().to_string();
-        assert!(err.contains("5 chat conversations") && err.contains("4"), "{err}");
+        assert!(
+            err.contains("5 chat conversations") && err.contains("4"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -89,14 +89,20 @@ mod tests {
     #[test]
     fn ignored_targets_leave_the_mean() {
         let device = Default::default();
-        let logits: Vec<f32> = (0..4 * 5).map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.3).collect();
+        let logits: Vec<f32> = (0..4 * 5)
+            .map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.3)
+            .collect();
         let all = Tensor::<Flex, 3>::from_data(TensorData::new(logits.clone(), [1, 4, 5]), &device);
-        let some = Tensor::<Flex, 3>::from_data(TensorData::new(logits[5..15].to_vec(), [1, 2, 5]), &device);
+        let some = Tensor::<Flex, 3>::from_data(
+            TensorData::new(logits[5..15].to_vec(), [1, 2, 5]),
+            &device,
+        );
         let masked = Tensor::<Flex, 2, Int>::from_data(
             TensorData::new(vec![IGNORE_TARGET, 4, 2, IGNORE_TARGET], [1, 4]),
             &device,
         );
-        let kept = Tensor::<Flex, 2, Int>::from_data(TensorData::new(vec![4i64, 2], [1, 2]), &device);
+        let kept =
+            Tensor::<Flex, 2, Int>::from_data(TensorData::new(vec![4i64, 2], [1, 2]), &device);
         let a: f32 = cross_entropy(all, masked).into_scalar();
         let b: f32 = cross_entropy(some, kept).into_scalar();
         // The same two f32 terms summed and divided by 2: equal to rounding.
@@ -108,7 +114,8 @@ mod tests {
         let device = Default::default();
         let (inputs, targets) =
             inputs_and_targets::<Flex>(&[1 | NO_LOSS, 2 | NO_LOSS, 3, 4 | NO_LOSS], 3, &device);
-        let ints = |t: Tensor<Flex, 2, Int>| t.into_data().convert::<i64>().into_vec::<i64>().unwrap();
+        let ints =
+            |t: Tensor<Flex, 2, Int>| t.into_data().convert::<i64>().into_vec::<i64>().unwrap();
         assert_eq!(ints(inputs), [1, 2, 3]);
         assert_eq!(ints(targets), [IGNORE_TARGET, 3, IGNORE_TARGET]);
     }

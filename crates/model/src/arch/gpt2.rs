@@ -5,8 +5,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    Family, GgufTensor, TensorSource, activation, derived_head_dim, from_value, gguf_names,
-    layer_count, split_layer, times,
+    Family, GgufTensor, ScratchShape, TensorSource, activation, derived_head_dim, from_value,
+    gguf_names, layer_count, split_layer, times,
 };
 use crate::gguf::{GgufError, GgufHparams};
 use crate::spec::{Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
@@ -50,6 +50,20 @@ fn default_true() -> bool {
 impl Family for Gpt2 {
     fn architecture(&self) -> &'static str {
         "GPT2LMHeadModel"
+    }
+
+    fn scratch_config(&self, s: &ScratchShape) -> Value {
+        json!({
+            "architectures": [self.architecture()],
+            "vocab_size": s.vocab_size,
+            "n_embd": s.hidden_size,
+            "n_layer": s.num_layers,
+            "n_head": s.num_heads,
+            "n_inner": s.intermediate_size,
+            "n_positions": s.context_length,
+            "layer_norm_epsilon": s.norm_eps,
+            "tie_word_embeddings": s.tie_embeddings,
+        })
     }
 
     fn parse_config(&self, config: &Value) -> Result<ModelSpec, String> {

@@ -5,7 +5,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    Family, TensorSource, activation, derived_head_dim, from_value, layer_count, split_layer, times,
+    Family, ScratchShape, TensorSource, activation, derived_head_dim, from_value, layer_count,
+    split_layer, times,
 };
 use crate::spec::{Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
 use crate::tensors::{EMBED, LM_HEAD, POS_EMBED, TensorSpec};
@@ -52,6 +53,22 @@ fn default_true() -> bool {
 impl Family for GptNeo {
     fn architecture(&self) -> &'static str {
         "GPTNeoForCausalLM"
+    }
+
+    fn scratch_config(&self, s: &ScratchShape) -> Value {
+        json!({
+            "architectures": [self.architecture()],
+            "vocab_size": s.vocab_size,
+            "hidden_size": s.hidden_size,
+            "num_layers": s.num_layers,
+            "num_heads": s.num_heads,
+            "intermediate_size": s.intermediate_size,
+            "max_position_embeddings": s.context_length,
+            // Every layer global: a local window is a knob of its own, not one of the shape keys.
+            "attention_types": [[["global"], s.num_layers]],
+            "layer_norm_epsilon": s.norm_eps,
+            "tie_word_embeddings": s.tie_embeddings,
+        })
     }
 
     fn parse_config(&self, config: &Value) -> Result<ModelSpec, String> {

@@ -6,8 +6,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
-    Family, GgufTensor, TensorSource, activation, derived_head_dim, from_value, gguf_names,
-    layer_count, rope, split_layer,
+    Family, GgufTensor, ScratchShape, TensorSource, activation, derived_head_dim, from_value,
+    gguf_names, layer_count, rope, split_layer,
 };
 use crate::gguf::{GgufError, GgufHparams};
 use crate::spec::{Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
@@ -62,6 +62,21 @@ const NEOX_ROPE: rope::RopeKeys = rope::RopeKeys {
 impl Family for GptNeoX {
     fn architecture(&self) -> &'static str {
         "GPTNeoXForCausalLM"
+    }
+
+    fn scratch_config(&self, s: &ScratchShape) -> Value {
+        json!({
+            "architectures": [self.architecture()],
+            "vocab_size": s.vocab_size,
+            "hidden_size": s.hidden_size,
+            "num_hidden_layers": s.num_layers,
+            "num_attention_heads": s.num_heads,
+            "intermediate_size": s.intermediate_size,
+            "max_position_embeddings": s.context_length,
+            "rotary_emb_base": s.rope_theta,
+            "layer_norm_eps": s.norm_eps,
+            "tie_word_embeddings": s.tie_embeddings,
+        })
     }
 
     fn parse_config(&self, config: &Value) -> Result<ModelSpec, String> {

@@ -15,6 +15,7 @@ use crate::spec::ModelSpec;
 use crate::tensors::TensorSpec;
 
 pub use gguf_names::{GgufTensor, gguf_name};
+pub use scratch::{ScratchShape, scratch_spec};
 
 mod gemma;
 mod gguf_names;
@@ -28,6 +29,7 @@ mod phi3;
 mod qwen2;
 mod qwen3;
 mod rope;
+mod scratch;
 
 /// How a stored tensor is laid out relative to our canonical orientation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +102,12 @@ pub trait Family: Sync {
 
     /// The `config.json` that makes `transformers` rebuild exactly `spec`, or why this family cannot express it.
     fn to_config(&self, spec: &ModelSpec) -> Result<Value, String>;
+
+    /// The `config.json` of a fresh model of this family with ember's shape keys (`model.architecture` in a
+    /// run config); the LLaMA lineage's key names by default.
+    fn scratch_config(&self, shape: &ScratchShape) -> Value {
+        scratch::llama_lineage_config(self.architecture(), shape)
+    }
 
     /// llama.cpp's `general.architecture` for this family, when ember reads the family from GGUF.
     fn gguf_architecture(&self) -> Option<&'static str> {

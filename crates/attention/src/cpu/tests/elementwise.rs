@@ -246,7 +246,9 @@ fn cross_entropy_and_its_gradient_match_float64() {
         let rows = batch * seq;
         let logits = tensor::<Flex, 3>([batch, seq, vocab], 12, 100.0);
         let targets: Vec<Option<usize>> = (0..rows)
-            .map(|r| (ignore_every == 0 || r % ignore_every != 0).then_some((r * 7919 + 13) % vocab))
+            .map(|r| {
+                (ignore_every == 0 || r % ignore_every != 0).then_some((r * 7919 + 13) % vocab)
+            })
             .collect();
         let target_tensor = || {
             let ids: Vec<i64> = targets

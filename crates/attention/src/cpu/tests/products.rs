@@ -114,7 +114,11 @@ fn dense_with_a_frozen_weight_gives_the_same_input_gradient() {
         let grads = (crate::linear(x.clone(), w.clone(), None) * grad.clone())
             .sum()
             .backward();
-        assert_eq!(w.grad(&grads).is_some(), !frozen, "weight gradient presence");
+        assert_eq!(
+            w.grad(&grads).is_some(),
+            !frozen,
+            "weight gradient presence"
+        );
         floats(x.grad(&grads).expect("x gradient"))
     };
     let err = max_rel(&d_x(true), &d_x(false), 1.0);
