@@ -395,6 +395,50 @@ fn chat_data_trains_on_replies_and_bad_chat_input_is_an_error_naming_the_line() 
     assert!(metrics.contains("val_bpb"), "{metrics}");
     assert!(run.join("best/adapter/adapter_model.safetensors").is_file());
 
+    // `ember prepare --format chat` writes the rows once; training on them is the same run, step for step.
+    let prepared = dir.path().join("prepared");
+    ok(ember(&[
+        "prepare",
+        "--format",
+        "chat",
+        "--tokenizer",
+        path(&base),
+        "--input",
+        path(&dir.path().join("chat.jsonl")),
+        "--output",
+        path(&prepared),
+        "--block-size",
+        "48",
+    ]));
+    write_config("prepared", 48);
+    let from_prepared = dir.path().join("prepared-run");
+    ok(ember(&[
+        "train",
+        "--config",
+        path(&config),
+        "--out",
+        path(&from_prepared),
+    ]));
+    assert_eq!(
+        losses(&from_prepared),
+        train,
+        "training on prepared rows differs"
+    );
+    // Rows prepared for another block size are refused, naming the key.
+    write_config("prepared", 32);
+    let output = ember(&[
+        "train",
+        "--config",
+        path(&config),
+        "--out",
+        path(&dir.path().join("wrong-block")),
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && stderr.contains("model.block_size") && stderr.contains("49"),
+        "{stderr}"
+    );
+
     // Bad chat input: errors name the file and line, and nothing is written into the run directory.
     let bad = [
         ("not json", "bad.jsonl:2", 48),

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::{Context as _, bail};
-use ember_dataset::{ChatConversation, chat_row, read_chat_jsonl};
+use ember_dataset::{ChatConversation, ChatRows, chat_row, read_chat_jsonl};
 use ember_inference::{ChatTemplate, Message};
 use ember_tokenizer::Tokenizer;
 
@@ -65,4 +65,49 @@ pub fn base_template<'a>(
             path.display()
         )
     })
+}
+
+/// The rows of a chat corpus `ember prepare --format chat` wrote, when `inputs` is such a directory: they must
+/// have been made with the tokenizer of `model_path` and for rows of `block_size + 1` tokens.
+pub fn prepared_rows(
+    inputs: &[std::path::PathBuf],
+    model_path: &Path,
+    block_size: usize,
+) -> anyhow::Result<Option<(Vec<Vec<u32>>, Vec<Vec<u32>>)>> {
+    let prepared: Vec<_> = inputs.iter().filter(|p| ChatRows::is_prepared(p)).collect();
+    let [dir] = prepared.as_slice() else {
+        if prepared.is_empty() {
+            return Ok(None);
+        }
+        bail!(
+            "data.inputs: {} prepared chat directories; give one",
+            prepared.len()
+        );
+    };
+    if inputs.len() > 1 {
+        bail!(
+            "data.inputs: {} is a prepared chat corpus (`ember prepare --format chat`); it must be the only input",
+            dir.display()
+        );
+    }
+    let rows = ChatRows::open(dir).with_context(|| format!("data.inputs: {}", dir.display()))?;
+    let fingerprint = ember_dataset::fingerprint_path(model_path)?;
+    if rows.tokenizer != fingerprint {
+        bail!(
+            "data.inputs: {} was prepared with another tokenizer than model.from {}'s; prepare it again with \
+             `--tokenizer {}`",
+            dir.display(),
+            model_path.display(),
+            model_path.display()
+        );
+    }
+    if rows.width != block_size + 1 {
+        bail!(
+            "model.block_size: {} was prepared for rows of {} tokens (block size {}), found {block_size}",
+            dir.display(),
+            rows.width,
+            rows.width - 1
+        );
+    }
+    Ok(Some((rows.train, rows.val)))
 }

@@ -32,14 +32,35 @@ pub struct Args {
     /// Maximum number of tokens per shard file, an integer >= 1 [default: 67108864].
     #[arg(long, default_value_t = DEFAULT_SHARD_TOKENS, value_parser = crate::flags::shard_tokens)]
     pub shard_tokens: u64,
+    /// What the inputs hold: `text` (documents, tokenized into shards) or `chat` (JSONL conversations rendered
+    /// with the chat template of the model given as --tokenizer, one padded row each, trained on the replies; for
+    /// `data.format: chat` with the output directory as the only `data.inputs`) [default: text].
+    #[arg(long, value_enum, default_value_t = PrepareFormat::Text)]
+    pub format: PrepareFormat,
+    /// Chat rows' block size: the run's `model.block_size` (rows hold block_size + 1 tokens); required with
+    /// `--format chat`.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    pub block_size: Option<u64>,
     /// Clean chat/e-mail text first: normalise whitespace, strip quoted replies and signatures, redact e-mail
     /// addresses, URLs, phone numbers and long digit runs [default: off].
     #[arg(long)]
     pub clean: bool,
 }
 
+/// What `ember prepare` reads.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrepareFormat {
+    /// Documents: text files, directories of them, JSONL with a text field.
+    Text,
+    /// OpenAI-style chat JSONL for fine-tuning.
+    Chat,
+}
+
 /// Runs `ember prepare`.
 pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
+    if args.format == PrepareFormat::Chat {
+        return prepare_chat(&args, ctx);
+    }
     let tokenizer = super::tokenize::open_tokenizer(&args.tokenizer)
         .with_context(|| format!("loading tokenizer {}", args.tokenizer.display()))?;
     let encoder = TokenizerEncoder::new(tokenizer, &args.tokenizer)?;
@@ -86,6 +107,66 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
             "{seconds:.2} s: {:.2} MB/s, {:.0} tokens/s",
             bytes as f64 / 1e6 / seconds.max(1e-9),
             tokens as f64 / seconds.max(1e-9)
+        );
+    }
+    Ok(())
+}
+
+/// `ember prepare --format chat`: the rows `ember train` would build from these conversations, written once.
+fn prepare_chat(args: &Args, ctx: &Context) -> anyhow::Result<()> {
+    let Some(block_size) = args.block_size else {
+        anyhow::bail!("--block-size: required with --format chat (the run's model.block_size)");
+    };
+    if args.clean {
+        anyhow::bail!("--clean: applies to --format text only");
+    }
+    let started = Instant::now();
+    let assets = ember_inference::ModelAssets::open(&args.tokenizer).with_context(|| {
+        format!(
+            "--tokenizer {}: --format chat needs a model (a Hugging Face directory or a GGUF file) for its chat \
+             template",
+            args.tokenizer.display()
+        )
+    })?;
+    let tokenizer = assets.tokenizer.as_ref().with_context(|| {
+        format!(
+            "--tokenizer {}: the model has no tokenizer",
+            args.tokenizer.display()
+        )
+    })?;
+    let template = super::chat_data::base_template(assets.chat_template.as_ref(), &args.tokenizer)?;
+    let block_size = block_size as usize;
+    let (train, val) = super::chat_data::chat_rows(
+        &args.input,
+        template,
+        tokenizer,
+        block_size,
+        args.val_fraction,
+    )?;
+    let rows = ember_dataset::ChatRows {
+        width: block_size + 1,
+        tokenizer: ember_dataset::fingerprint_path(&args.tokenizer)?,
+        train,
+        val,
+    };
+    rows.save(&args.output)
+        .with_context(|| format!("writing {}", args.output.display()))?;
+    if !ctx.quiet {
+        let trained: usize = rows
+            .train
+            .iter()
+            .chain(&rows.val)
+            .flatten()
+            .filter(|&&id| id & ember_dataset::NO_LOSS == 0)
+            .count();
+        stderr!(
+            "prepared {} training and {} validation conversations into {} (rows of {} tokens, {trained} of them \
+             trained on) in {:.2} s",
+            rows.train.len(),
+            rows.val.len(),
+            args.output.display(),
+            rows.width,
+            started.elapsed().as_secs_f64()
         );
     }
     Ok(())

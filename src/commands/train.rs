@@ -76,15 +76,25 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
     };
     let data = match (config.data.format, &base) {
         (DataFormat::Chat, Some(base)) => {
-            let template =
-                super::chat_data::base_template(base.chat_template.as_ref(), &base.path)?;
-            let (train, val) = super::chat_data::chat_rows(
-                &text_files(&config.data.inputs)?,
-                template,
-                &tokenizer,
+            let prepared = super::chat_data::prepared_rows(
+                &config.data.inputs,
+                &base.path,
                 config.model.block_size,
-                config.data.val_fraction,
             )?;
+            let (train, val) = match prepared {
+                Some(rows) => rows,
+                None => {
+                    let template =
+                        super::chat_data::base_template(base.chat_template.as_ref(), &base.path)?;
+                    super::chat_data::chat_rows(
+                        &text_files(&config.data.inputs)?,
+                        template,
+                        &tokenizer,
+                        config.model.block_size,
+                        config.data.val_fraction,
+                    )?
+                }
+            };
             JobData::Chat { train, val }
         }
         // `RunConfig::validate` refuses chat data without model.from.

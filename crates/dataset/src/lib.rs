@@ -11,6 +11,7 @@
 
 mod batch;
 mod chat;
+mod chat_rows;
 pub mod clean;
 mod dataset;
 mod encoder;
@@ -26,6 +27,7 @@ mod writer;
 
 pub use batch::{Batch, EvalBatches, RandomBatches, ReaderState};
 pub use chat::{ChatConversation, ChatTurn, NO_LOSS, chat_row, read_chat_jsonl};
+pub use chat_rows::{CHAT_ROWS_MANIFEST, ChatRows};
 pub use dataset::TokenDataset;
 pub use encoder::DocumentEncoder;
 pub use error::{DatasetError, Result};
