@@ -8,6 +8,9 @@ use ember_dataset::{ChatConversation, ChatRows, chat_row, read_chat_jsonl};
 use ember_inference::{ChatTemplate, Message};
 use ember_tokenizer::Tokenizer;
 
+/// Training rows and validation rows, each `block_size + 1` ids.
+pub type SplitRows = (Vec<Vec<u32>>, Vec<Vec<u32>>);
+
 /// Training and validation rows of `block_size + 1` tokens from the chat JSONL files `inputs`: the last
 /// `val_fraction` of the conversations (at least one) are held out, as the text format holds out the end of the
 /// corpus. A conversation longer than a row is an error naming its file and line.
@@ -17,7 +20,7 @@ pub fn chat_rows(
     tokenizer: &Tokenizer,
     block_size: usize,
     val_fraction: f64,
-) -> anyhow::Result<(Vec<Vec<u32>>, Vec<Vec<u32>>)> {
+) -> anyhow::Result<SplitRows> {
     let width = block_size + 1;
     let pad = tokenizer.eos_id().unwrap_or(0);
     let mut rows = Vec::new();
@@ -73,7 +76,7 @@ pub fn prepared_rows(
     inputs: &[std::path::PathBuf],
     model_path: &Path,
     block_size: usize,
-) -> anyhow::Result<Option<(Vec<Vec<u32>>, Vec<Vec<u32>>)>> {
+) -> anyhow::Result<Option<SplitRows>> {
     let prepared: Vec<_> = inputs.iter().filter(|p| ChatRows::is_prepared(p)).collect();
     let [dir] = prepared.as_slice() else {
         if prepared.is_empty() {

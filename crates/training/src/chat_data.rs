@@ -174,7 +174,7 @@ mod tests {
     #[test]
     fn bytes_per_token_counts_only_trained_targets() {
         // Targets 1 (trained) and 2 | NO_LOSS; the decoder sees only the trained ones.
-        let val = vec![vec![0 | NO_LOSS, 1, 2 | NO_LOSS]];
+        let val = vec![vec![NO_LOSS, 1, 2 | NO_LOSS]];
         let data = ChatData::new(rows(1, 3), val, 1, 2, 1, 0)
             .unwrap()
             .bytes_per_token_of(|ids| {

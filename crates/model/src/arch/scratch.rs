@@ -60,7 +60,7 @@ pub fn scratch_spec(architecture: &str, shape: &ScratchShape) -> Result<ModelSpe
             supported().join(", ")
         )
     })?;
-    if shape.num_heads == 0 || shape.hidden_size % shape.num_heads != 0 {
+    if shape.num_heads == 0 || !shape.hidden_size.is_multiple_of(shape.num_heads) {
         return Err(format!(
             "model.hidden_size: {} is not a multiple of model.num_heads ({})",
             shape.hidden_size, shape.num_heads
