@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::{Context as _, bail};
-use ember_dataset::{ChatConversation, ChatRows, chat_row, read_chat_jsonl};
+use ember_dataset::{ChatConversation, ChatRows, NO_LOSS, chat_row, read_chat_jsonl};
 use ember_inference::{ChatTemplate, Message};
 use ember_tokenizer::Tokenizer;
 
@@ -71,10 +71,11 @@ pub fn base_template<'a>(
 }
 
 /// The rows of a chat corpus `ember prepare --format chat` wrote, when `inputs` is such a directory: they must
-/// have been made with the tokenizer of `model_path` and for rows of `block_size + 1` tokens.
+/// have been made with the tokenizer of `model_path` (`vocab_size` ids) and for rows of `block_size + 1` tokens.
 pub fn prepared_rows(
     inputs: &[std::path::PathBuf],
     model_path: &Path,
+    vocab_size: usize,
     block_size: usize,
 ) -> anyhow::Result<Option<SplitRows>> {
     let prepared: Vec<_> = inputs.iter().filter(|p| ChatRows::is_prepared(p)).collect();
@@ -110,6 +111,21 @@ pub fn prepared_rows(
             dir.display(),
             rows.width,
             rows.width - 1
+        );
+    }
+    // A rows file of the right size can still hold anything: an id past the vocabulary is refused here, not
+    // met by the embedding lookup.
+    if let Some(id) = rows
+        .train
+        .iter()
+        .chain(&rows.val)
+        .flatten()
+        .map(|&id| id & !NO_LOSS)
+        .find(|&id| id as usize >= vocab_size)
+    {
+        bail!(
+            "data.inputs: {} holds token id {id}, outside model.from's vocabulary of {vocab_size}",
+            dir.display()
         );
     }
     Ok(Some((rows.train, rows.val)))

@@ -79,6 +79,7 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
             let prepared = super::chat_data::prepared_rows(
                 &config.data.inputs,
                 &base.path,
+                tokenizer.vocab_size(),
                 config.model.block_size,
             )?;
             let (train, val) = match prepared {

@@ -7,7 +7,7 @@
 //! (a sum, parameters in name order) and replica 0 applies AdamW.
 //!
 //! `batch_size` is the global batch: every machine draws the same rows (the same data seed), takes the share of
-//! its rank and splits it among its replicas. Each replica scales its mean loss by its share of the batch before
+//! its rank and splits it among its replicas. Each replica scales its mean loss by its share of the batch's counted targets before
 //! the backward pass, so the summed gradients are those of the whole batch's mean loss: N replicas (on any number
 //! of machines) follow the single-device run of the same batch up to floating-point summation order, and a run
 //! resumes on any number of machines from the same data position.
@@ -28,7 +28,7 @@ use burn_collective::{
     finish_collective, register, reset_collective,
 };
 
-use crate::loss::inputs_and_targets;
+use crate::loss::{counted_targets, inputs_and_targets};
 use crate::model_io::TrainableModel;
 use crate::params::Gradients;
 use crate::{StopReason, TrainError};
@@ -79,11 +79,10 @@ pub struct ParallelStep<B: Backend> {
 /// One step's work for a worker replica.
 struct Job<M> {
     model: M,
-    /// The worker's rows of each micro-batch.
-    shards: Vec<Vec<u32>>,
+    /// The worker's rows of each micro-batch, with what their mean loss is multiplied by (see
+    /// [`shard_gradients`]).
+    shards: Vec<(Vec<u32>, f64)>,
     block_size: usize,
-    /// What each micro-batch's mean loss is multiplied by (see [`shard_gradients`]).
-    scale: f64,
 }
 
 struct Worker<M> {
@@ -208,8 +207,15 @@ where
         let (rank, machines) = self.node;
         let shares = replicas * machines;
         let width = block_size + 1;
-        let mut shards: Vec<Vec<Vec<u32>>> =
+        let mut shards: Vec<Vec<(Vec<u32>, f64)>> =
             vec![Vec::with_capacity(micro_batches.len()); replicas];
+        // Every machine holds the whole step's rows, so each shard's weight is its share of all the step's
+        // targets (equal shares for text; chat rows differ in how many reply tokens they hold).
+        let total = micro_batches
+            .iter()
+            .map(|rows| counted_targets(rows, block_size))
+            .sum::<usize>()
+            .max(1) as f64;
         for rows in micro_batches {
             let batch = rows.len() / width;
             if !batch.is_multiple_of(shares) {
@@ -228,11 +234,10 @@ where
             let per = batch / shares * width;
             let own = &rows[rank * per * replicas..(rank + 1) * per * replicas];
             for (replica, shard) in own.chunks_exact(per).enumerate() {
-                shards[replica].push(shard.to_vec());
+                let weight = counted_targets(shard, block_size) as f64 / total;
+                shards[replica].push((shard.to_vec(), weight));
             }
         }
-        // Each shard is 1/shares of its micro-batch, and the step averages micro_batches of them.
-        let scale = 1.0 / (shares * micro_batches.len()) as f64;
         let mut shards = shards.into_iter();
         let own = shards.next().unwrap_or_default();
         for (worker, shard) in self.workers.iter().zip(shards) {
@@ -242,14 +247,13 @@ where
                     model: model.clone(),
                     shards: shard,
                     block_size,
-                    scale,
                 })
                 .map_err(|_| collective_error("step", "a worker replica stopped"))?;
         }
         let device = self.devices[0].clone();
         let local = catch_unwind(AssertUnwindSafe(|| {
             ember_attention::with_kernel_threads(self.kernel_threads, || {
-                shard_gradients::<AB, M>(model, &own, block_size, scale, &device)
+                shard_gradients::<AB, M>(model, &own, block_size, &device)
             })
         }))
         .unwrap_or_else(|panic| Err(panic_message(panic)));
@@ -326,7 +330,7 @@ fn worker_loop<AB, M>(
             // Forking gives the replica its own autodiff leaves on its device, so its backward pass never touches
             // the graph of the trainer's thread.
             let model = job.model.fork(&device);
-            shard_gradients::<AB, M>(&model, &job.shards, job.block_size, job.scale, &device)
+            shard_gradients::<AB, M>(&model, &job.shards, job.block_size, &device)
         }))
         .unwrap_or_else(|panic| Err(panic_message(panic)));
         let result = reduce_step::<AB::InnerBackend>(peer, local, None, &device).map(|_| ());
@@ -337,14 +341,13 @@ fn worker_loop<AB, M>(
     let _ = finish_collective::<AB::InnerBackend>(peer);
 }
 
-/// Forward and backward of one replica's shards: the summed loss and the accumulated gradients, each micro-batch's
-/// mean loss multiplied by `scale` (the shard's fraction of the step's tokens) first, so that the sum over every
+/// Forward and backward of one replica's shards: the summed loss and the accumulated gradients, each shard's mean
+/// loss multiplied by its weight (its fraction of the step's counted targets) first, so that the sum over every
 /// replica is the step's mean loss and its gradient.
 fn shard_gradients<AB, M>(
     model: &M,
-    shards: &[Vec<u32>],
+    shards: &[(Vec<u32>, f64)],
     block_size: usize,
-    scale: f64,
     device: &AB::Device,
 ) -> Result<(f64, Gradients<AB::InnerBackend>), String>
 where
@@ -353,12 +356,12 @@ where
 {
     let mut grads: Option<Gradients<AB::InnerBackend>> = None;
     let mut loss_sum = 0.0;
-    for rows in shards {
+    for (rows, weight) in shards {
         let (inputs, targets) = inputs_and_targets::<AB>(rows, block_size, device);
         let loss = model
             .loss(inputs, targets)
             .map_err(|e| format!("forward pass: {e}"))?
-            .mul_scalar(scale);
+            .mul_scalar(*weight);
         loss_sum += loss.clone().into_scalar().elem::<f64>();
         let micro = Gradients::from_backward(model, loss.backward());
         match grads.as_mut() {

@@ -33,7 +33,7 @@ pub use data_parallel::{DataParallel, DataParallelSettings, NodeSettings, Parall
 pub use error::TrainError;
 pub use hf_model::{ADAPTER_DIR, HfModelStore};
 pub use interrupt::interrupt_flag;
-pub use loss::{cross_entropy, inputs_and_targets};
+pub use loss::{counted_targets, cross_entropy, inputs_and_targets};
 pub use memory_data::InMemoryData;
 pub use metrics::{MetricsLog, MetricsRecord, read_metrics};
 pub use model_io::{

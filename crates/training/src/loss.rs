@@ -21,6 +21,27 @@ pub fn cross_entropy<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int
         .neg()
 }
 
+/// How many target positions of token rows `[batch, block + 1]` take a loss (those not flagged [`NO_LOSS`]):
+/// the weight of these rows' mean loss in a mean over several sets of rows.
+pub fn counted_targets(rows: &[u32], block: usize) -> usize {
+    rows.chunks_exact(block + 1)
+        .flat_map(|row| &row[1..])
+        .filter(|&&t| t & NO_LOSS == 0)
+        .count()
+}
+
+/// Each of `parts`' share of their counted targets (see [`counted_targets`]): the weights that make a sum of
+/// their mean losses the mean over all their targets. Equal shares for text data; for chat data, a part with
+/// more reply tokens weighs more. Shares of nothing are 0.
+pub(crate) fn target_weights(parts: &[Vec<u32>], block_size: usize) -> Vec<f64> {
+    let counts: Vec<usize> = parts
+        .iter()
+        .map(|p| counted_targets(p, block_size))
+        .collect();
+    let total = counts.iter().sum::<usize>().max(1) as f64;
+    counts.into_iter().map(|c| c as f64 / total).collect()
+}
+
 /// Splits token rows `[batch, block + 1]` (row-major; `batch = rows.len() / (block + 1)`) into inputs
 /// `[batch, block]` (all but the last token of each row) and targets `[batch, block]` (all but the first). A
 /// token carrying [`NO_LOSS`] (chat data: prompt and padding) is fed as input without the flag and, as a target,
@@ -107,6 +128,21 @@ mod tests {
         let b: f32 = cross_entropy(some, kept).into_scalar();
         // The same two f32 terms summed and divided by 2: equal to rounding.
         assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+    }
+
+    /// Micro-batches weigh by their reply tokens, so that their weighted mean losses are the mean over every
+    /// counted target; text rows (nothing flagged) weigh equally.
+    #[test]
+    fn parts_weigh_by_their_counted_targets() {
+        let text = vec![vec![1, 2, 3, 4, 5, 6], vec![7, 8, 9, 1, 2, 3]];
+        assert_eq!(target_weights(&text, 2), [0.5, 0.5]);
+        // Block 2: row [a, b, c] has targets b and c. Part 0 counts 1 target, part 1 counts 3.
+        let chat = vec![vec![1, 2 | NO_LOSS, 3], vec![4, 5, 6 | NO_LOSS, 7, 8, 9]];
+        assert_eq!(counted_targets(&chat[0], 2), 1);
+        assert_eq!(counted_targets(&chat[1], 2), 3);
+        assert_eq!(target_weights(&chat, 2), [0.25, 0.75]);
+        let nothing = vec![vec![1, 2 | NO_LOSS, 3 | NO_LOSS]];
+        assert_eq!(target_weights(&nothing, 2), [0.0]);
     }
 
     #[test]

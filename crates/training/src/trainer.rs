@@ -11,7 +11,7 @@ use burn::tensor::{ElementConversion, FloatDType};
 use crate::adamw::{AdamW, AdamWConfig};
 use crate::checkpoint::{OPTIMIZER_FILE, TrainerState, resolve_checkpoint, write_atomically};
 use crate::data_parallel::{DataParallel, DataParallelSettings};
-use crate::loss::inputs_and_targets;
+use crate::loss::{counted_targets, inputs_and_targets, target_weights};
 use crate::metrics::{MetricsLog, MetricsRecord};
 use crate::model_io::{ModelStore, TrainData, TrainableModel};
 use crate::params::Gradients;
@@ -355,19 +355,23 @@ where
         let model = optimizer.step(lr, model, &grads);
         return Ok((step.loss, norm, model, step.stop));
     }
+    let rows = (0..micro_batches)
+        .map(|_| {
+            data.next_batch()
+                .map_err(|e| external("reading a training batch".into(), e))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let weights = target_weights(&rows, settings.block_size);
     let mut grads: Option<Gradients<AB::InnerBackend>> = None;
     let mut loss_sum = 0.0;
-    for _ in 0..micro_batches {
-        let rows = data
-            .next_batch()
-            .map_err(|e| external("reading a training batch".into(), e))?;
-        let (inputs, targets) = inputs_and_targets::<AB>(&rows, settings.block_size, device);
-        // Each micro-batch's loss is divided by their count, so the summed gradients are those of the mean loss
-        // over all micro-batches: the gradient of one batch N times larger.
+    for (rows, weight) in rows.iter().zip(weights) {
+        let (inputs, targets) = inputs_and_targets::<AB>(rows, settings.block_size, device);
+        // Each micro-batch's mean loss is weighed by its share of the step's targets, so the summed gradients
+        // are those of the mean over every target of the step: the gradient of one batch N times larger.
         let loss = model
             .loss(inputs, targets)
             .map_err(|e| external("forward pass".into(), e))?
-            .div_scalar(micro_batches as f64);
+            .mul_scalar(weight);
         loss_sum += loss.clone().into_scalar().elem::<f64>();
         let micro = Gradients::from_backward(&model, loss.backward());
         match grads.as_mut() {
@@ -409,11 +413,7 @@ where
     let (mut total, mut targets_seen) = (0.0, 0usize);
     for rows in &batches {
         // Each batch's loss is its mean over its targets, so it weighs by how many it has.
-        let count = rows
-            .chunks_exact(block_size + 1)
-            .flat_map(|row| &row[1..])
-            .filter(|&&t| t & ember_dataset::NO_LOSS == 0)
-            .count();
+        let count = counted_targets(rows, block_size);
         let (inputs, targets) = inputs_and_targets::<AB::InnerBackend>(rows, block_size, &device);
         let loss = inner
             .loss(inputs, targets)

@@ -211,23 +211,15 @@ pub(crate) fn dense_backward(
     if ws[1] != inputs || gs[0] != rows || gs[1] != out {
         return None;
     }
-    let (xd, wd, gd) = (f32_slice(x)?, f32_slice(weight)?, f32_slice(grad)?);
-    let mut d_x = zeroed(Shape::from(vec![rows, inputs]));
+    let d_x = dense_input_grad(weight, grad)?;
+    let (xd, gd) = (f32_slice(x)?, f32_slice(grad)?);
     let mut d_weight = zeroed(Shape::from(vec![out, inputs]));
-    let grad = Operand::row_major(gd, out);
-    // SAFETY: `gd` is `[rows, out]`, `wd` `[out, inputs]` and `xd` `[rows, inputs]`, all row-major and only
-    // read; `gradᵀ` is a view of `gd`.
+    // SAFETY: `gd` is `[rows, out]` and `xd` `[rows, inputs]`, both row-major and only read; `gradᵀ` is a view
+    // of `gd`.
     unsafe {
         product(
-            (rows, inputs, out),
-            grad,
-            Operand::row_major(wd, inputs),
-            &mut d_x.storage_mut::<f32>()[..rows * inputs],
-            false,
-        );
-        product(
             (out, inputs, rows),
-            grad.transposed(),
+            Operand::row_major(gd, out).transposed(),
             Operand::row_major(xd, inputs),
             &mut d_weight.storage_mut::<f32>()[..out * inputs],
             false,
@@ -236,8 +228,8 @@ pub(crate) fn dense_backward(
     Some((d_x, d_weight))
 }
 
-/// `d_x = grad · W` `[rows, in]` of [`dense`] alone, for a weight that takes no gradient. `None` for other
-/// inputs.
+/// `d_x = grad · W` `[rows, in]` of [`dense`]: half of [`dense_backward`], and all of it for a weight that takes
+/// no gradient. `None` for other inputs.
 pub(crate) fn dense_input_grad(weight: &FlexTensor, grad: &FlexTensor) -> Option<FlexTensor> {
     let (ws, gs) = (weight.layout().shape(), grad.layout().shape());
     if ws.num_dims() != 2 || gs.num_dims() != 2 || gs[1] != ws[0] {
