@@ -146,6 +146,9 @@ pub struct TrainingConfig {
     pub patience: Option<usize>,
     /// Compute precision: f32, or bf16 with f32 master weights where the backend supports it.
     pub precision: Precision,
+    /// Recompute each block's activations during the backward pass instead of keeping them from the forward
+    /// pass: memory for one block's activations instead of every block's, for about a third more compute.
+    pub checkpoint_activations: bool,
     /// Data-parallel replicas on this machine; `batch_size` is split evenly across them.
     pub devices: Devices,
     /// Several machines joined through a burn-collective orchestrator (`ember orchestrator`).
@@ -375,6 +378,7 @@ impl Default for TrainingConfig {
             checkpoint_interval: 500,
             patience: None,
             precision: Precision::F32,
+            checkpoint_activations: false,
             devices: Devices::default(),
             nodes: None,
             lora: None,

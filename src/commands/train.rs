@@ -192,6 +192,7 @@ fn settings(
         checkpoint_interval: t.checkpoint_interval,
         patience: t.patience,
         precision: t.precision,
+        checkpoint_activations: t.checkpoint_activations,
         run_dir,
         resume: args.resume,
         config: config_json,

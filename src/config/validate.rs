@@ -268,6 +268,17 @@ impl RunConfig {
                 "expected at least one module name, e.g. [q_proj, v_proj]".into(),
             ));
         }
+        if self.training.checkpoint_activations && lora.dropout > 0.0 {
+            return Err(c.invalid(
+                "training.checkpoint_activations",
+                format!(
+                    "cannot recompute blocks with training.lora.dropout {} (a recomputed block would draw \
+                     new dropout masks, so its gradients would not be the forward pass's): set the dropout \
+                     to 0 or checkpoint_activations to false",
+                    lora.dropout
+                ),
+            ));
+        }
         Ok(())
     }
 

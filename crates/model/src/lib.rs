@@ -25,4 +25,4 @@ pub use save::save;
 pub use spec::{
     Activation, Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual,
 };
-pub use transformer::{Step, Transformer};
+pub use transformer::{Segments, Step, Transformer};

@@ -7,7 +7,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{
     Bool, DType, ElementConversion, FloatDType, Int, Tensor, TensorData, module::embedding,
 };
-use ember_attention::{AttentionKernel, EmberBackend, KvCache, RopeCache};
+use ember_attention::{AttentionKernel, EmberBackend, KvCache, Rope, RopeCache};
 use ember_optimization::{GgmlLinear, PackedWeight, QuantizedLinear};
 
 use crate::error::{ModelError, Result};
@@ -16,6 +16,9 @@ use crate::nn::{Block, BlockModule, Embedding, Linear, Mlp, Norm, SelfAttention,
 use crate::spec::{ModelSpec, Positions};
 use crate::tensors::{EMBED, FINAL_NORM, LM_HEAD, POS_EMBED, TensorSpec, layer_name};
 use crate::weights::{Progress, RandomInit, WeightSource};
+
+mod segments;
+pub use segments::Segments;
 
 /// A decoder-only transformer: embeddings, blocks, final norm, LM head.
 #[derive(Module, Debug)]
@@ -44,6 +47,9 @@ pub struct Transformer<B: Backend> {
     #[module(skip)]
     compute_dtype: Option<FloatDType>,
 }
+
+/// The rotary tables of the global layers and of the sliding-window layers, where the spec has them.
+type RopePair<B> = (Option<Rope<B>>, Option<Rope<B>>);
 
 /// Optional inputs of a forward call beyond the tokens.
 pub struct Step<'a, B: EmberBackend> {
@@ -384,60 +390,10 @@ impl<B: EmberBackend> Transformer<B> {
             positions,
             key_padding,
         } = step;
-        let [_, seq] = tokens.dims();
         let device = tokens.device();
         let offset = cache.as_ref().map_or(0, |c| c.len());
-        let mut x = self.embed.lookup(tokens);
-        if self.spec.features.scaled_embeddings {
-            // Gemma rounds sqrt(hidden) to the table's dtype first; the table is f32 here, and so is the factor.
-            x = x.mul_scalar((self.spec.hidden_size as f64).sqrt() as f32);
-        }
-        if let Some(dtype) = self.compute_dtype {
-            x = in_dtype(x, dtype.into());
-        }
-        if let Some(table) = &self.pos_embed {
-            let end = match &positions {
-                Some(p) => {
-                    usize::try_from(p.clone().max().into_scalar().elem::<i64>() + 1).unwrap_or(0)
-                }
-                None => offset + seq,
-            };
-            if end > self.spec.context_length {
-                return Err(ModelError::ContextOverflow {
-                    len: end,
-                    context_length: self.spec.context_length,
-                });
-            }
-            x = match &positions {
-                Some(p) => {
-                    let dtype = x.dtype();
-                    x + in_dtype(embedding(table.val(), p.clone()), dtype)
-                }
-                None => {
-                    let rows = table
-                        .val()
-                        .slice([offset..offset + seq, 0..self.spec.hidden_size]);
-                    let dtype = x.dtype();
-                    x + in_dtype(rows, dtype).unsqueeze::<3>()
-                }
-            };
-        }
-        let rope = match &self.spec.positions {
-            Positions::Rope(config) => Some(self.rope.get::<B>(
-                config,
-                self.spec.context_length,
-                &device,
-            )?),
-            Positions::Learned => None,
-        };
-        let local_rope = match &self.spec.features.local_rope {
-            Some(config) => Some(self.local_rope.get::<B>(
-                config,
-                self.spec.context_length,
-                &device,
-            )?),
-            None => None,
-        };
+        let mut x = self.embed_tokens(tokens, positions.as_ref(), offset)?;
+        let (rope, local_rope) = self.ropes(&device)?;
         let at = CallPositions {
             rope: rope.as_ref(),
             local_rope: local_rope.as_ref(),
@@ -457,6 +413,71 @@ impl<B: EmberBackend> Transformer<B> {
             )?;
         }
         Ok(self.final_norm.forward(x))
+    }
+
+    /// Token embeddings `[batch, seq, hidden]` in the compute dtype, scaled (Gemma) and with learned positions
+    /// added: per-row `positions`, or `offset..offset + seq` for every row.
+    fn embed_tokens(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        positions: Option<&Tensor<B, 2, Int>>,
+        offset: usize,
+    ) -> Result<Tensor<B, 3>> {
+        let [_, seq] = tokens.dims();
+        let mut x = self.embed.lookup(tokens);
+        if self.spec.features.scaled_embeddings {
+            // Gemma rounds sqrt(hidden) to the table's dtype first; the table is f32 here, and so is the factor.
+            x = x.mul_scalar((self.spec.hidden_size as f64).sqrt() as f32);
+        }
+        if let Some(dtype) = self.compute_dtype {
+            x = in_dtype(x, dtype.into());
+        }
+        let Some(table) = &self.pos_embed else {
+            return Ok(x);
+        };
+        let end = match positions {
+            Some(p) => {
+                usize::try_from(p.clone().max().into_scalar().elem::<i64>() + 1).unwrap_or(0)
+            }
+            None => offset + seq,
+        };
+        if end > self.spec.context_length {
+            return Err(ModelError::ContextOverflow {
+                len: end,
+                context_length: self.spec.context_length,
+            });
+        }
+        let dtype = x.dtype();
+        Ok(match positions {
+            Some(p) => x + in_dtype(embedding(table.val(), p.clone()), dtype),
+            None => {
+                let rows = table
+                    .val()
+                    .slice([offset..offset + seq, 0..self.spec.hidden_size]);
+                x + in_dtype(rows, dtype).unsqueeze::<3>()
+            }
+        })
+    }
+
+    /// The rotary tables of the global and the sliding-window layers on `device`, where the spec has them.
+    fn ropes(&self, device: &B::Device) -> Result<RopePair<B>> {
+        let rope = match &self.spec.positions {
+            Positions::Rope(config) => Some(self.rope.get::<B>(
+                config,
+                self.spec.context_length,
+                device,
+            )?),
+            Positions::Learned => None,
+        };
+        let local_rope = match &self.spec.features.local_rope {
+            Some(config) => Some(self.local_rope.get::<B>(
+                config,
+                self.spec.context_length,
+                device,
+            )?),
+            None => None,
+        };
+        Ok((rope, local_rope))
     }
 
     /// Checks that every id is a valid token of this model.

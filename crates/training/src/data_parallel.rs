@@ -22,13 +22,14 @@ use std::thread::JoinHandle;
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::{AutodiffBackend, Backend, Device as _, DeviceId};
-use burn::tensor::{ElementConversion, Tensor, TensorPrimitive};
+use burn::tensor::{Tensor, TensorPrimitive};
 use burn_collective::{
     CollectiveConfig, CollectiveError, GlobalCollectiveError, PeerId, ReduceOperation, all_reduce,
     finish_collective, register, reset_collective,
 };
 
-use crate::loss::{counted_targets, inputs_and_targets};
+use crate::backprop::{Backprop, micro_batch_gradients};
+use crate::loss::counted_targets;
 use crate::model_io::TrainableModel;
 use crate::params::Gradients;
 use crate::{StopReason, TrainError};
@@ -82,7 +83,7 @@ struct Job<M> {
     /// The worker's rows of each micro-batch, with what their mean loss is multiplied by (see
     /// [`shard_gradients`]).
     shards: Vec<(Vec<u32>, f64)>,
-    block_size: usize,
+    backprop: Backprop,
 }
 
 struct Worker<M> {
@@ -192,7 +193,7 @@ where
 
     /// The gradients of one optimiser step's whole batch (every replica on every machine) and its mean loss.
     ///
-    /// `micro_batches` are the global batch's micro-batches of `rows x (block_size + 1)` tokens, the same on every
+    /// `micro_batches` are the global batch's micro-batches of `rows x (backprop.block_size + 1)` tokens, the same on every
     /// machine; this machine trains on its rank's share of each, split row-wise into one equal shard per replica
     /// (the row count must divide evenly). Replica 0's shard runs on this thread. `stop` is this machine's request
     /// to stop after this step ([`StopReason::Interrupted`] or [`StopReason::TimeLimit`]), shared with the others.
@@ -200,9 +201,10 @@ where
         &mut self,
         model: &M,
         micro_batches: &[Vec<u32>],
-        block_size: usize,
+        backprop: Backprop,
         stop: Option<StopReason>,
     ) -> Result<ParallelStep<AB::InnerBackend>, TrainError> {
+        let block_size = backprop.block_size;
         let replicas = self.replicas();
         let (rank, machines) = self.node;
         let shares = replicas * machines;
@@ -246,14 +248,14 @@ where
                 .send(Job {
                     model: model.clone(),
                     shards: shard,
-                    block_size,
+                    backprop,
                 })
                 .map_err(|_| collective_error("step", "a worker replica stopped"))?;
         }
         let device = self.devices[0].clone();
         let local = catch_unwind(AssertUnwindSafe(|| {
             ember_attention::with_kernel_threads(self.kernel_threads, || {
-                shard_gradients::<AB, M>(model, &own, block_size, &device)
+                shard_gradients::<AB, M>(model, &own, backprop, &device)
             })
         }))
         .unwrap_or_else(|panic| Err(panic_message(panic)));
@@ -330,7 +332,7 @@ fn worker_loop<AB, M>(
             // Forking gives the replica its own autodiff leaves on its device, so its backward pass never touches
             // the graph of the trainer's thread.
             let model = job.model.fork(&device);
-            shard_gradients::<AB, M>(&model, &job.shards, job.block_size, &device)
+            shard_gradients::<AB, M>(&model, &job.shards, job.backprop, &device)
         }))
         .unwrap_or_else(|panic| Err(panic_message(panic)));
         let result = reduce_step::<AB::InnerBackend>(peer, local, None, &device).map(|_| ());
@@ -347,7 +349,7 @@ fn worker_loop<AB, M>(
 fn shard_gradients<AB, M>(
     model: &M,
     shards: &[(Vec<u32>, f64)],
-    block_size: usize,
+    backprop: Backprop,
     device: &AB::Device,
 ) -> Result<(f64, Gradients<AB::InnerBackend>), String>
 where
@@ -357,13 +359,9 @@ where
     let mut grads: Option<Gradients<AB::InnerBackend>> = None;
     let mut loss_sum = 0.0;
     for (rows, weight) in shards {
-        let (inputs, targets) = inputs_and_targets::<AB>(rows, block_size, device);
-        let loss = model
-            .loss(inputs, targets)
-            .map_err(|e| format!("forward pass: {e}"))?
-            .mul_scalar(*weight);
-        loss_sum += loss.clone().into_scalar().elem::<f64>();
-        let micro = Gradients::from_backward(model, loss.backward());
+        let (loss, micro) = micro_batch_gradients::<AB, M>(model, rows, *weight, backprop, device)
+            .map_err(|e| format!("forward pass: {e}"))?;
+        loss_sum += loss;
         match grads.as_mut() {
             Some(total) => total.accumulate(micro),
             None => grads = Some(micro),

@@ -2,11 +2,14 @@
 
 use std::path::{Path, PathBuf};
 
+use burn::module::AutodiffModule;
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{FloatDType, Int, Tensor};
 use ember_model::lora::LoraSettings;
 use ember_model::{EmberBackend, ModelDir, Transformer};
 
 use crate::model_io::{BoxError, ModelStore, TrainableModel};
+use crate::params::Gradients;
 
 impl<B: EmberBackend> TrainableModel<B> for Transformer<B> {
     fn logits(&self, tokens: Tensor<B, 2, Int>) -> Result<Tensor<B, 3>, BoxError> {
@@ -24,6 +27,19 @@ impl<B: EmberBackend> TrainableModel<B> for Transformer<B> {
             self.forward(tokens)?,
             targets,
         ))
+    }
+
+    fn checkpointed_gradients(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        targets: Tensor<B, 2, Int>,
+        weight: f64,
+    ) -> Result<(f64, Gradients<B::InnerBackend>), BoxError>
+    where
+        B: AutodiffBackend,
+        Self: AutodiffModule<B>,
+    {
+        crate::checkpointing::checkpointed_gradients(self, tokens, targets, weight)
     }
 
     fn with_compute_dtype(self, dtype: FloatDType) -> Result<Self, BoxError> {

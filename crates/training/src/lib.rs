@@ -5,8 +5,10 @@
 //! ([`TrainData`]), so it runs the same on ember-model's transformer and on a two-layer test model.
 
 mod adamw;
+mod backprop;
 mod chat_data;
 mod checkpoint;
+mod checkpointing;
 mod data_parallel;
 mod error;
 mod hf_model;
@@ -25,6 +27,7 @@ mod tensor_file;
 mod trainer;
 
 pub use adamw::{AdamW, AdamWConfig, DecayPolicy};
+pub use backprop::Backprop;
 pub use chat_data::ChatData;
 pub use checkpoint::{
     OPTIMIZER_FILE, TRAINER_STATE_FILE, TrainerState, resolve_checkpoint, write_atomically,

@@ -5,11 +5,11 @@
 use std::marker::PhantomData;
 use std::path::Path;
 
-use burn::module::Module;
-use burn::tensor::backend::Backend;
+use burn::module::{AutodiffModule, Module};
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{FloatDType, Int, Tensor};
 
-use crate::params::{load_parameters, save_parameters};
+use crate::params::{Gradients, load_parameters, save_parameters};
 
 /// A boxed error from a model or data source.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -28,6 +28,27 @@ pub trait TrainableModel<B: Backend>: Module<B> {
         targets: Tensor<B, 2, Int>,
     ) -> Result<Tensor<B, 1>, BoxError> {
         Ok(crate::cross_entropy(self.logits(tokens)?, targets))
+    }
+
+    /// The loss of one micro-batch times `weight` (as [`loss`](Self::loss) gives it) and its gradients, with each
+    /// block's activations recomputed during the backward pass instead of kept from the forward pass
+    /// (`training.checkpoint_activations`). Models that cannot be cut into blocks return an error (the default).
+    fn checkpointed_gradients(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        targets: Tensor<B, 2, Int>,
+        weight: f64,
+    ) -> Result<(f64, Gradients<B::InnerBackend>), BoxError>
+    where
+        B: AutodiffBackend,
+        Self: AutodiffModule<B> + Sized,
+    {
+        let _ = (tokens, targets, weight);
+        Err(
+            "this model cannot recompute its activations block by block \
+             (training.checkpoint_activations)"
+                .into(),
+        )
     }
 
     /// The same model computing its activations in `dtype` while its parameters stay in f32 (mixed precision),

@@ -9,6 +9,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{ElementConversion, FloatDType};
 
 use crate::adamw::{AdamW, AdamWConfig};
+use crate::backprop::{Backprop, micro_batch_gradients};
 use crate::checkpoint::{OPTIMIZER_FILE, TrainerState, resolve_checkpoint, write_atomically};
 use crate::data_parallel::{DataParallel, DataParallelSettings};
 use crate::loss::{counted_targets, inputs_and_targets, target_weights};
@@ -60,6 +61,9 @@ pub struct TrainSettings {
     pub patience: Option<usize>,
     /// Compute precision.
     pub precision: Precision,
+    /// Recompute each block's activations in the backward pass instead of keeping them (less memory, about a
+    /// third more compute); see [`TrainableModel::checkpointed_gradients`].
+    pub checkpoint_activations: bool,
     /// Data-parallel replicas (devices, and machines); the default trains on the model's device alone.
     pub data_parallel: DataParallelSettings,
     /// Output directory: `metrics.jsonl`, `loss.png`, `best/`, `last/`.
@@ -341,39 +345,32 @@ where
     AB: AutodiffBackend,
     M: AutodiffModule<AB> + TrainableModel<AB> + Send + 'static,
 {
-    let micro_batches = settings.grad_accum_steps;
-    if let Some((parallel, requested)) = parallel {
-        let rows = (0..micro_batches)
-            .map(|_| {
-                data.next_batch()
-                    .map_err(|e| external("reading a training batch".into(), e))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let step = parallel.gradients(&model, &rows, settings.block_size, requested)?;
-        let mut grads = step.gradients;
-        let norm = grads.clip_global_norm(settings.grad_clip);
-        let model = optimizer.step(lr, model, &grads);
-        return Ok((step.loss, norm, model, step.stop));
-    }
-    let rows = (0..micro_batches)
+    let backprop = Backprop {
+        block_size: settings.block_size,
+        checkpoint_activations: settings.checkpoint_activations,
+    };
+    let rows = (0..settings.grad_accum_steps)
         .map(|_| {
             data.next_batch()
                 .map_err(|e| external("reading a training batch".into(), e))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    if let Some((parallel, requested)) = parallel {
+        let step = parallel.gradients(&model, &rows, backprop, requested)?;
+        let mut grads = step.gradients;
+        let norm = grads.clip_global_norm(settings.grad_clip);
+        let model = optimizer.step(lr, model, &grads);
+        return Ok((step.loss, norm, model, step.stop));
+    }
     let weights = target_weights(&rows, settings.block_size);
     let mut grads: Option<Gradients<AB::InnerBackend>> = None;
     let mut loss_sum = 0.0;
     for (rows, weight) in rows.iter().zip(weights) {
-        let (inputs, targets) = inputs_and_targets::<AB>(rows, settings.block_size, device);
         // Each micro-batch's mean loss is weighed by its share of the step's targets, so the summed gradients
         // are those of the mean over every target of the step: the gradient of one batch N times larger.
-        let loss = model
-            .loss(inputs, targets)
-            .map_err(|e| external("forward pass".into(), e))?
-            .mul_scalar(weight);
-        loss_sum += loss.clone().into_scalar().elem::<f64>();
-        let micro = Gradients::from_backward(&model, loss.backward());
+        let (loss, micro) = micro_batch_gradients::<AB, M>(&model, rows, weight, backprop, device)
+            .map_err(|e| external("forward pass".into(), e))?;
+        loss_sum += loss;
         match grads.as_mut() {
             Some(total) => total.accumulate(micro),
             None => grads = Some(micro),

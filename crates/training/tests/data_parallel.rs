@@ -46,6 +46,7 @@ fn settings(run_dir: &std::path::Path, replicas: usize) -> TrainSettings {
         checkpoint_interval: 100,
         patience: None,
         precision: Precision::F32,
+        checkpoint_activations: false,
         data_parallel: DataParallelSettings {
             devices: vec![cpu; replicas],
             nodes: None,

@@ -40,6 +40,7 @@ fn run(precision: Precision, dir: &std::path::Path) -> Vec<f64> {
         checkpoint_interval: 100,
         patience: None,
         precision,
+        checkpoint_activations: false,
         data_parallel: Default::default(),
         run_dir: dir.to_path_buf(),
         resume: false,

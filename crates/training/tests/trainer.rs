@@ -91,6 +91,7 @@ fn settings(run_dir: &std::path::Path, max_steps: usize) -> TrainSettings {
         checkpoint_interval: 10,
         patience: None,
         precision: Precision::F32,
+        checkpoint_activations: false,
         data_parallel: Default::default(),
         run_dir: run_dir.to_path_buf(),
         resume: false,

@@ -39,6 +39,7 @@ fn settings(run_dir: &std::path::Path, max_steps: usize, resume: bool) -> TrainS
         checkpoint_interval: 4,
         patience: None,
         precision: Precision::F32,
+        checkpoint_activations: false,
         data_parallel: Default::default(),
         run_dir: run_dir.to_path_buf(),
         resume,

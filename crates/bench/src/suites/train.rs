@@ -57,6 +57,7 @@ fn loop_settings(
         checkpoint_interval: never,
         patience: None,
         precision: s.precision,
+        checkpoint_activations: false,
         data_parallel,
         run_dir: run_dir.to_path_buf(),
         resume: false,
