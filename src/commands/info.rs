@@ -68,7 +68,7 @@ fn describe_positions(spec: &ModelSpec) -> String {
 }
 
 fn describe_rope(rope: &RopeConfig) -> String {
-    let scaling = match rope.scaling {
+    let scaling = match &rope.scaling {
         RopeScaling::None => "no scaling".to_string(),
         RopeScaling::Linear { factor } => format!("linear scaling x{factor}"),
         RopeScaling::Llama3 {
@@ -80,6 +80,14 @@ fn describe_rope(rope: &RopeConfig) -> String {
             factor,
             max_position_embeddings,
         } => format!("dynamic NTK x{factor} past {max_position_embeddings}"),
+        RopeScaling::LongRope {
+            original_max_position_embeddings,
+            attention_factor,
+            ..
+        } => format!(
+            "LongRoPE (short factors up to {original_max_position_embeddings} positions, long ones past, \
+             cos/sin x{attention_factor:.4})"
+        ),
     };
     format!(
         "RoPE {:?}, theta {}, {} of {} dims rotated, {scaling}",

@@ -43,7 +43,7 @@ fn floats(value: &Value) -> Vec<f64> {
 fn rope_matches_hugging_face_fixtures() {
     let device = Default::default();
     let cases = load_cases();
-    assert_eq!(cases.len(), 8, "every fixture case is checked");
+    assert_eq!(cases.len(), 10, "every fixture case is checked");
     for case in cases {
         let name = case["name"].as_str().expect("name");
         let config: RopeConfig =
@@ -145,12 +145,34 @@ fn rope_rejects_invalid_configs_naming_the_key() {
             }),
             "rope_scaling.high_freq_factor",
         ),
+        (
+            // 64-wide heads rotate 32 pairs: 31 factors cannot be LongRoPE's.
+            RopeConfig::new(64).with_scaling(long_rope(vec![1.0; 32], vec![2.0; 31], 1.2)),
+            "rope_scaling.long_factor",
+        ),
+        (
+            RopeConfig::new(64).with_scaling(long_rope(vec![0.0; 32], vec![2.0; 32], 1.2)),
+            "rope_scaling.short_factor",
+        ),
+        (
+            RopeConfig::new(64).with_scaling(long_rope(vec![1.0; 32], vec![2.0; 32], f64::NAN)),
+            "rope_scaling.attention_factor",
+        ),
     ];
     for (config, key) in cases {
         match Rope::<B>::new(config, 8, &device) {
             Err(AttentionError::RopeConfig { key: got, .. }) => assert_eq!(got, key),
             other => panic!("expected a RopeConfig error for {key}, got {other:?}"),
         }
+    }
+}
+
+fn long_rope(short_factor: Vec<f64>, long_factor: Vec<f64>, attention_factor: f64) -> RopeScaling {
+    RopeScaling::LongRope {
+        short_factor,
+        long_factor,
+        original_max_position_embeddings: 4096,
+        attention_factor,
     }
 }
 

@@ -59,7 +59,10 @@ fn gemma3_config_carries_q_k_norms_and_two_ropes() {
     assert_eq!(global.theta, 1e6);
     assert_eq!(global.scaling, RopeScaling::Linear { factor: 8.0 });
     let local = f.local_rope.as_ref().expect("a local RoPE");
-    assert_eq!((local.theta, local.scaling), (1e4, RopeScaling::None));
+    assert_eq!(
+        (local.theta, local.scaling.clone()),
+        (1e4, RopeScaling::None)
+    );
 }
 
 #[test]

@@ -12,7 +12,7 @@ use ember_model::gguf::{self, GgufFile};
 use safetensors::SafeTensors;
 
 /// Every fixture, with the Hugging Face architecture its GGUF must map to.
-const FIXTURES: [(&str, &str); 12] = [
+const FIXTURES: [(&str, &str); 13] = [
     ("llama", "LlamaForCausalLM"),
     ("llama_bias", "LlamaForCausalLM"),
     ("llama3", "LlamaForCausalLM"),
@@ -22,6 +22,8 @@ const FIXTURES: [(&str, &str); 12] = [
     ("qwen2", "Qwen2ForCausalLM"),
     ("qwen3", "Qwen3ForCausalLM"),
     ("phi3", "Phi3ForCausalLM"),
+    // LongRoPE: the prompt is longer than the original context (long factors).
+    ("phi3_longrope", "Phi3ForCausalLM"),
     ("gpt2", "GPT2LMHeadModel"),
     ("gpt_neox", "GPTNeoXForCausalLM"),
     ("gemma2", "Gemma2ForCausalLM"),
@@ -169,6 +171,61 @@ fn llama3_scaling_is_recovered_from_the_converters_divisors() {
         matches!(rope.scaling, ember_model::RopeScaling::Llama3 { factor, .. } if factor == 8.0),
         "{:?}",
         rope.scaling
+    );
+}
+
+#[test]
+fn long_rope_is_read_from_the_converters_factor_tensors_and_saved_for_transformers() {
+    let file = open("phi3_longrope");
+    let (_, spec) = gguf::model_spec(&file).unwrap();
+    let ember_model::Positions::Rope(rope) = &spec.positions else {
+        panic!("RoPE expected")
+    };
+    let ember_model::RopeScaling::LongRope {
+        short_factor,
+        long_factor,
+        original_max_position_embeddings,
+        attention_factor,
+    } = &rope.scaling
+    else {
+        panic!("LongRoPE expected, found {:?}", rope.scaling)
+    };
+    // The fixture script's factors, stored by the converter as f32 tensors.
+    assert_eq!(
+        short_factor,
+        &[1.0, 1.1f32 as f64, 1.3f32 as f64, 1.6f32 as f64]
+    );
+    assert_eq!(long_factor, &[1.0, 2.5, 6.0, 14.0]);
+    assert_eq!(*original_max_position_embeddings, 16);
+    // sqrt(1 + ln(64 / 16) / ln(16)), stored as f32.
+    assert!((attention_factor - (1.0 + 4f64.ln() / 16f64.ln()).sqrt()).abs() < 1e-7);
+
+    // Saved as a Hugging Face directory (the `rope_parameters` transformers reads, the original context at the top
+    // level where Phi3Config looks first), it loads back to the same spec and logits.
+    let model = gguf::load::<B>(&file, &Default::default(), None).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    ember_model::save(&model, dir.path()).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["original_max_position_embeddings"], 16);
+    assert_eq!(config["rope_parameters"]["rope_type"], "longrope");
+    let reloaded = ember_model::load::<B>(dir.path(), &Default::default(), None)
+        .unwrap()
+        .model;
+    assert_eq!(reloaded.spec(), model.spec());
+    let exp = expected("phi3_longrope");
+    let diff = max_abs_diff(
+        &reloaded
+            .forward(tokens(&exp.tokens))
+            .unwrap()
+            .into_data()
+            .into_vec::<f32>()
+            .unwrap(),
+        &exp.logits,
+    );
+    assert!(
+        diff <= LOGIT_TOLERANCE,
+        "max |reloaded - transformers| = {diff}"
     );
 }
 

@@ -138,3 +138,49 @@ fn special_tokens_are_added_as_the_file_declares() {
         assert_eq!(with, expected, "{name}");
     }
 }
+
+/// Gemma's SentencePiece tokenization, as llama.cpp's converter writes it for Gemma 2 / 3 (`tokenizer.ggml.model`
+/// `llama`, `add_space_prefix` false), on llama.cpp's 32k SentencePiece vocabulary (Gemma's own is gated):
+/// `fixtures/gemma_spm.json` holds the ids of Gemma's Hugging Face pipeline (normalizer `" " -> "▁"`, no prefix,
+/// BPE with byte fallback) for 29 hard texts, from scripts/fixtures/gemma_spm_fixtures.py.
+#[test]
+fn gemma_sentencepiece_without_a_space_prefix_matches_hugging_face() {
+    let Some(path) = vocab("llama-spm") else {
+        return;
+    };
+    let file = ember_model::gguf::GgufFile::open(&path).unwrap();
+    let mut vocab = ember_model::gguf::tokenizer_vocab(&file).unwrap();
+    assert_eq!(
+        vocab.add_space_prefix, None,
+        "LLaMA's file uses llama.cpp's default"
+    );
+    vocab.add_space_prefix = Some(false);
+    let tokenizer = ember_tokenizer::Tokenizer::from_gguf_vocab(vocab).unwrap();
+    let fixture: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gemma_spm.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let cases = fixture["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 29);
+    let mut failures = Vec::new();
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let expected: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let got = tokenizer.encode_ordinary(text).unwrap();
+        if got != expected {
+            failures.push(format!(
+                "{text:?}\n  got      {got:?}\n  expected {expected:?}"
+            ));
+        }
+        assert_eq!(tokenizer.decode(&got).unwrap(), text, "decode");
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -203,3 +203,81 @@ fn smollm_135m_config_counts_its_tied_embeddings_once() {
         (9, 3, 64)
     );
 }
+
+/// A Phi-3-mini-128k-style config: the legacy `rope_scaling` of type `su` with 48 factors each (head_dim 96),
+/// the original context at the top level.
+fn phi3_long_config(extra: &str) -> String {
+    let factors = |step: f64| {
+        (0..48)
+            .map(|i| format!("{}", 1.0 + step * i as f64))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        r#"{{"architectures": ["Phi3ForCausalLM"], "vocab_size": 32064, "hidden_size": 3072,
+            "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 32, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0, "sliding_window": 262144, {extra}
+            "rope_scaling": {{"type": "su", "short_factor": [{}], "long_factor": [{}]}}}}"#,
+        factors(0.01),
+        factors(0.5)
+    )
+}
+
+#[test]
+fn phi3_long_rope_is_read_from_the_legacy_su_scaling() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = write_config(
+        tmp.path(),
+        &phi3_long_config(r#""original_max_position_embeddings": 4096,"#),
+    );
+    let spec = ModelDir::open(&path).unwrap().spec;
+    let Positions::Rope(rope) = &spec.positions else {
+        panic!("Phi-3 uses RoPE")
+    };
+    let RopeScaling::LongRope {
+        short_factor,
+        long_factor,
+        original_max_position_embeddings,
+        attention_factor,
+    } = &rope.scaling
+    else {
+        panic!("LongRoPE expected, found {:?}", rope.scaling)
+    };
+    assert_eq!((short_factor.len(), long_factor.len()), (48, 48));
+    assert_eq!((short_factor[1], long_factor[47]), (1.01, 24.5));
+    assert_eq!(*original_max_position_embeddings, 4096);
+    // transformers: sqrt(1 + ln(131072 / 4096) / ln(4096)).
+    let expected = (1.0 + 32f64.ln() / 4096f64.ln()).sqrt();
+    assert!(
+        (attention_factor - expected).abs() < 1e-12,
+        "{attention_factor}"
+    );
+    // The long factors apply once a sequence is longer than 4096 positions.
+    assert!(rope.inv_freq(4097)[47] < rope.inv_freq(4096)[47]);
+
+    // Without the top-level key Phi3Config's own default (4096) applies, not max_position_embeddings.
+    let path = write_config(tmp.path(), &phi3_long_config(""));
+    let spec = ModelDir::open(&path).unwrap().spec;
+    let Positions::Rope(rope) = &spec.positions else {
+        panic!("Phi-3 uses RoPE")
+    };
+    assert!(matches!(
+        rope.scaling,
+        RopeScaling::LongRope {
+            original_max_position_embeddings: 4096,
+            ..
+        }
+    ));
+
+    // Factors of the wrong count are an error naming the key.
+    let path = write_config(
+        tmp.path(),
+        &phi3_long_config(r#""original_max_position_embeddings": 4096,"#).replace(
+            "\"type\": \"su\", \"short_factor\": [1, ",
+            "\"type\": \"su\", \"short_factor\": [",
+        ),
+    );
+    let err = ModelDir::open(&path).err().unwrap().to_string();
+    assert!(err.contains("short_factor"), "{err}");
+}

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use burn::tensor::backend::Backend;
 
 use crate::AttentionError;
-use crate::rope::{Rope, RopeConfig, RopeScaling, max_cached_positions};
+use crate::rope::{Rope, RopeConfig, max_cached_positions};
 
 /// The tables of one backend and device.
 struct Entry<B: Backend> {
@@ -40,8 +40,8 @@ impl RopeCache {
         Self::default()
     }
 
-    /// RoPE for `config` on `device` with tables for up to `positions` positions (fewer for dynamic NTK, whose
-    /// frequencies are static only up to its `max_position_embeddings`, and at most 64 MiB of tables, so a
+    /// RoPE for `config` on `device` with tables for up to `positions` positions (fewer for dynamic NTK and
+    /// LongRoPE, whose frequencies are static only up to `max_position_embeddings` / the original context, and at most 64 MiB of tables, so a
     /// context claiming billions of positions does not allocate for all of them; [`Rope`] builds rows past the
     /// cached ones on the fly).
     /// Reuses the cached tables when they were built for the same backend, device and config and cover as many
@@ -52,12 +52,9 @@ impl RopeCache {
         positions: usize,
         device: &B::Device,
     ) -> Result<Rope<B>, AttentionError> {
-        let positions = match config.scaling {
-            RopeScaling::Dynamic {
-                max_position_embeddings,
-                ..
-            } => positions.min(max_position_embeddings),
-            _ => positions,
+        let positions = match config.static_positions() {
+            Some(fixed) => positions.min(fixed),
+            None => positions,
         }
         // What `Rope::new` will cache: comparing against more would rebuild the tables on every call.
         .clamp(1, max_cached_positions(config.head_dim));
@@ -91,6 +88,7 @@ mod tests {
     use burn::tensor::{Distribution, Tensor};
 
     use super::*;
+    use crate::rope::RopeScaling;
 
     fn values(t: Tensor<Flex, 4>) -> Vec<f32> {
         t.into_data().into_vec().unwrap()

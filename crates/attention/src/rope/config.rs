@@ -19,7 +19,7 @@ pub enum RopeLayout {
 }
 
 /// Frequency scaling for contexts longer than the model was trained on (`rope_scaling` / `rope_parameters`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum RopeScaling {
     /// Plain RoPE.
@@ -48,6 +48,21 @@ pub enum RopeScaling {
         factor: f64,
         /// Length up to which plain frequencies are used (the model's `max_position_embeddings`).
         max_position_embeddings: usize,
+    },
+    /// LongRoPE (Phi-3 128k, Phi-3.5; Hugging Face `longrope`, formerly `su`): frequency `i` divided by
+    /// `short_factor[i]` while the sequence fits `original_max_position_embeddings` and by `long_factor[i]` once
+    /// it is longer, and cos/sin multiplied by `attention_factor`. As in transformers the choice is per call, by
+    /// the sequence's length so far (cache plus new tokens).
+    #[serde(rename = "longrope")]
+    LongRope {
+        /// Divisors while the sequence fits the original context (`rotary_dim / 2` of them).
+        short_factor: Vec<f64>,
+        /// Divisors past it.
+        long_factor: Vec<f64>,
+        /// Context length of pre-training.
+        original_max_position_embeddings: usize,
+        /// Scale of cos and sin (`sqrt(1 + ln(factor) / ln(original))` unless the config gives it).
+        attention_factor: f64,
     },
 }
 
@@ -139,10 +154,10 @@ impl RopeConfig {
                 bad(key, format!("is {value}, expected a positive number"))
             }
         };
-        let scaling = match self.scaling {
+        let scaling = match &self.scaling {
             RopeScaling::None => Ok(()),
-            RopeScaling::Linear { factor } => positive("rope_scaling.factor", factor),
-            RopeScaling::Llama3 {
+            &RopeScaling::Linear { factor } => positive("rope_scaling.factor", factor),
+            &RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
                 high_freq_factor,
@@ -163,7 +178,7 @@ impl RopeConfig {
                     original_max_position_embeddings as f64,
                 )
             }
-            RopeScaling::Dynamic {
+            &RopeScaling::Dynamic {
                 factor,
                 max_position_embeddings,
             } => {
@@ -174,6 +189,36 @@ impl RopeConfig {
                 positive(
                     "rope_scaling.max_position_embeddings",
                     max_position_embeddings as f64,
+                )
+            }
+            RopeScaling::LongRope {
+                short_factor,
+                long_factor,
+                original_max_position_embeddings,
+                attention_factor,
+            } => {
+                for (key, factors) in [
+                    ("rope_scaling.short_factor", short_factor),
+                    ("rope_scaling.long_factor", long_factor),
+                ] {
+                    if factors.len() != self.rotary_dim / 2 {
+                        return bad(
+                            key,
+                            format!(
+                                "has {} values, expected {} (half the rotary dimension)",
+                                factors.len(),
+                                self.rotary_dim / 2
+                            ),
+                        );
+                    }
+                    if let Some(f) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+                        return bad(key, format!("holds {f}, expected positive numbers"));
+                    }
+                }
+                positive("rope_scaling.attention_factor", *attention_factor)?;
+                positive(
+                    "rope_scaling.original_max_position_embeddings",
+                    *original_max_position_embeddings as f64,
                 )
             }
         };
@@ -211,9 +256,36 @@ impl RopeConfig {
         (0..self.rotary_dim / 2)
             .map(|i| {
                 let plain = 1.0 / base.powf((2 * i) as f64 / dim);
-                self.scale_frequency(plain) as f32
+                let divisor = match &self.scaling {
+                    RopeScaling::LongRope {
+                        short_factor,
+                        long_factor,
+                        original_max_position_embeddings,
+                        ..
+                    } => {
+                        let factors = if seq_len > *original_max_position_embeddings {
+                            long_factor
+                        } else {
+                            short_factor
+                        };
+                        factors.get(i).copied().unwrap_or(1.0)
+                    }
+                    _ => 1.0,
+                };
+                (self.scale_frequency(plain) / divisor) as f32
             })
             .collect()
+    }
+
+    /// The factor cos and sin are multiplied by (LongRoPE's `attention_factor`; 1 otherwise), in f32 as
+    /// Hugging Face applies it.
+    pub fn attention_factor(&self) -> f32 {
+        match self.scaling {
+            RopeScaling::LongRope {
+                attention_factor, ..
+            } => attention_factor as f32,
+            _ => 1.0,
+        }
     }
 
     /// Applies the position-independent scalings (linear, LLaMA 3) to one inverse frequency.
@@ -238,12 +310,30 @@ impl RopeConfig {
                     (1.0 - smooth) * inv_freq / factor + smooth * inv_freq
                 }
             }
-            RopeScaling::None | RopeScaling::Dynamic { .. } => inv_freq,
+            RopeScaling::None | RopeScaling::Dynamic { .. } | RopeScaling::LongRope { .. } => {
+                inv_freq
+            }
         }
     }
 
     /// Whether the frequencies depend on the sequence length `seq_len`, so cached tables cannot be used.
     pub(crate) fn needs_dynamic_tables(&self, seq_len: usize) -> bool {
-        matches!(self.scaling, RopeScaling::Dynamic { max_position_embeddings, .. } if seq_len > max_position_embeddings)
+        self.static_positions().is_some_and(|fixed| seq_len > fixed)
+    }
+
+    /// The sequence length up to which the frequencies do not depend on it (dynamic NTK, LongRoPE); `None`
+    /// when they never do.
+    pub(crate) fn static_positions(&self) -> Option<usize> {
+        match self.scaling {
+            RopeScaling::Dynamic {
+                max_position_embeddings,
+                ..
+            } => Some(max_position_embeddings),
+            RopeScaling::LongRope {
+                original_max_position_embeddings,
+                ..
+            } => Some(original_max_position_embeddings),
+            _ => None,
+        }
     }
 }

@@ -40,15 +40,21 @@ impl<B: Backend> Rope<B> {
     /// Validates `config` and caches tables for `max_positions` positions on `device`, or for as many as fit
     /// in 64 MiB when that is fewer (65536 positions at head_dim 128).
     ///
-    /// Positions beyond the cache still work (tables for them are built on the fly), as do dynamic-NTK
-    /// sequences longer than `max_position_embeddings`, whose frequencies depend on the length.
+    /// Positions beyond the cache still work (tables for them are built on the fly), as do dynamic-NTK and
+    /// LongRoPE sequences longer than their static range, whose frequencies depend on the length (the cache
+    /// stops there).
     pub fn new(
         config: RopeConfig,
         max_positions: usize,
         device: &B::Device,
     ) -> Result<Self, AttentionError> {
         config.validate()?;
-        let cached = max_positions.clamp(1, max_cached_positions(config.head_dim));
+        // Past its static range a length-dependent scaling's rows are built per call; cached rows must be the
+        // ones every length within that range uses.
+        let fixed = config.static_positions().unwrap_or(usize::MAX);
+        let cached = max_positions
+            .min(fixed)
+            .clamp(1, max_cached_positions(config.head_dim));
         let (cos, sin) = tables(&config, start_rows(0, cached), cached, device);
         let rotation = rotation(&config, device);
         Ok(Self {
@@ -192,6 +198,7 @@ fn tables<B: Backend>(
     device: &B::Device,
 ) -> (Tensor<B, 2>, Tensor<B, 2>) {
     let inv_freq = config.inv_freq(seq_len);
+    let scale = config.attention_factor();
     let d = config.head_dim;
     let rows = positions.len();
     let mut cos = vec![1f32; rows * d];
@@ -199,7 +206,7 @@ fn tables<B: Backend>(
     for (row, pos) in positions.into_iter().enumerate() {
         for ((first, second), f) in pairs(config).zip(&inv_freq) {
             let angle = f64::from(pos as f32 * f);
-            let (c, s) = (angle.cos() as f32, angle.sin() as f32);
+            let (c, s) = (angle.cos() as f32 * scale, angle.sin() as f32 * scale);
             for j in [first, second] {
                 cos[row * d + j] = c;
                 sin[row * d + j] = s;

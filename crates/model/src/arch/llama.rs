@@ -1,7 +1,7 @@
 //! `LlamaForCausalLM`: LLaMA 1/2/3 (with `llama3` / `linear` / `dynamic` rope scaling), SmolLM, TinyLlama, and
 //! ember's own models. Also the shared config reader of the LLaMA lineage (Mistral, Qwen2/3, Phi-3).
 
-use ember_attention::RopeLayout;
+use ember_attention::{RopeLayout, RopeScaling};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -122,7 +122,7 @@ pub(crate) fn lineage_config(
     if rope.layout != RopeLayout::RotateHalf || spec.features.attention_scale.is_some() {
         return Err("needs rotate-half RoPE and the default attention scale".to_string());
     }
-    Ok(json!({
+    let mut config = json!({
         "architectures": [architecture],
         "model_type": model_type,
         "vocab_size": spec.vocab_size,
@@ -139,7 +139,17 @@ pub(crate) fn lineage_config(
         "rope_theta": rope.theta,
         "rope_parameters": rope::to_parameters(rope),
         "torch_dtype": "float32",
-    }))
+    });
+    // transformers prefers a top-level original context to the one in `rope_parameters`, and Phi-3's config
+    // class defaults it to 4096, so LongRoPE's must be written there too.
+    if let RopeScaling::LongRope {
+        original_max_position_embeddings,
+        ..
+    } = rope.scaling
+    {
+        config["original_max_position_embeddings"] = json!(original_max_position_embeddings);
+    }
+    Ok(config)
 }
 
 impl Family for Llama {

@@ -30,9 +30,18 @@ impl Family for Phi3 {
             max_positions: 4096,
             head_dim: None,
         };
-        let (_, mut spec) = lineage_spec(config, &defaults)?;
+        // Phi3Config's `original_max_position_embeddings` defaults to 4096 and wins over the one in
+        // `rope_scaling` (transformers' `standardize_rope_params`).
+        let mut config = config.clone();
+        if config
+            .get("original_max_position_embeddings")
+            .is_none_or(Value::is_null)
+        {
+            config["original_max_position_embeddings"] = json!(4096);
+        }
+        let (_, mut spec) = lineage_spec(&config, &defaults)?;
         spec.features.biases = Default::default();
-        let keys: Phi3Keys = from_value(config)?;
+        let keys: Phi3Keys = from_value(&config)?;
         spec.attention_windows = vec![keys.sliding_window; spec.num_layers];
         Ok(spec)
     }
@@ -89,17 +98,17 @@ impl Family for Phi3 {
     }
 
     /// Partial rotary from `rope.dimension_count`; `attention.sliding_window` 0 means none (the converter's mark
-    /// of a model without one). LongRoPE files (`rope_factors_long.weight`) are refused: ember does not run
-    /// LongRoPE.
+    /// of a model without one). LongRoPE (Phi-3 128k, Phi-3.5) is the two factor tensors
+    /// `rope_factors_long.weight` / `rope_factors_short.weight`, `rope.scaling.attn_factor` and
+    /// `rope.scaling.original_context_length`, as `Phi3MiniModel` in llama.cpp's converter writes them.
     fn gguf_config(&self, h: &GgufHparams<'_>) -> Result<Value, GgufError> {
         let mut config = h.rope_lineage(self.architecture(), 10_000.0)?;
         config["model_type"] = json!("phi3");
-        if h.tensor("rope_factors_long.weight").is_some() {
-            return Err(h.file().metadata_error(
-                &h.key("rope.scaling.type"),
-                "a RoPE scaling ember runs (this file has LongRoPE factors, `rope_factors_long.weight`)",
-                "longrope".to_string(),
-            ));
+        if let Some(original) = h.opt_uint("rope.scaling.original_context_length")? {
+            config["original_max_position_embeddings"] = json!(original);
+        }
+        if h.tensor(LONG_FACTORS).is_some() {
+            config["rope_scaling"] = long_rope(h)?;
         }
         let head_dim = config["head_dim"].as_u64().unwrap_or(1).max(1);
         if let Some(rotary) = h.opt_uint("rope.dimension_count")? {
@@ -128,4 +137,31 @@ impl Family for Phi3 {
             _ => gguf_names::fused_qkv_or_whole(spec, tensor),
         }
     }
+}
+
+/// LongRoPE's per-frequency divisors past the original context, and within it.
+const LONG_FACTORS: &str = "rope_factors_long.weight";
+const SHORT_FACTORS: &str = "rope_factors_short.weight";
+
+/// The `rope_scaling` object of a LongRoPE file. Its lengths are checked by the spec (half the rotary width).
+fn long_rope(h: &GgufHparams<'_>) -> Result<Value, GgufError> {
+    let file = h.file();
+    if h.tensor(SHORT_FACTORS).is_none() {
+        return Err(file.metadata_error(
+            &h.key("rope.scaling.attn_factor"),
+            "both LongRoPE factor tensors",
+            format!("`{LONG_FACTORS}` without `{SHORT_FACTORS}`"),
+        ));
+    }
+    let (_, long) = file.tensor_f32(LONG_FACTORS)?;
+    let (_, short) = file.tensor_f32(SHORT_FACTORS)?;
+    let mut scaling = json!({
+        "rope_type": "longrope",
+        "long_factor": long,
+        "short_factor": short,
+    });
+    if let Some(factor) = h.opt_float("rope.scaling.attn_factor")? {
+        scaling["attention_factor"] = json!(factor);
+    }
+    Ok(scaling)
 }

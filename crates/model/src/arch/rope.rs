@@ -65,11 +65,42 @@ fn scaling_object<'c>(
     }
 }
 
-/// The frequency scaling an object `what` describes.
+/// A positive integer `value` named `name`.
+fn positive_count(value: &Value, name: &str) -> Result<usize, String> {
+    value
+        .as_u64()
+        .filter(|&n| n > 0)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| format!("`{name}` must be a positive integer, found {value}"))
+}
+
+/// `map[key]` as a list of numbers (LongRoPE's factors).
+fn numbers(map: &Map<String, Value>, key: &str, what: &str) -> Result<Vec<f64>, String> {
+    match map.get(key) {
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| {
+                v.as_f64().ok_or_else(|| {
+                    format!("`{what}.{key}` must hold numbers, found {}", type_name(v))
+                })
+            })
+            .collect(),
+        Some(other) => Err(format!(
+            "`{what}.{key}` must be a list of numbers, found {}",
+            type_name(other)
+        )),
+        None => Err(format!("`{what}` lacks the list `{key}`")),
+    }
+}
+
+/// The frequency scaling an object `what` describes. `top_original` is the config's top-level
+/// `original_max_position_embeddings`, which transformers prefers to the one inside the object (Phi-3 writes it
+/// there).
 fn scaling(
     params: &Map<String, Value>,
     what: &str,
     max_positions: usize,
+    top_original: Option<usize>,
 ) -> Result<RopeScaling, String> {
     let kind = match params.get("rope_type").or_else(|| params.get("type")) {
         Some(Value::String(kind)) => kind.as_str(),
@@ -95,15 +126,7 @@ fn scaling(
             low_freq_factor: number(params, "low_freq_factor", what)?,
             high_freq_factor: number(params, "high_freq_factor", what)?,
             original_max_position_embeddings: match params.get("original_max_position_embeddings") {
-                Some(v) => v
-                    .as_u64()
-                    .filter(|&n| n > 0)
-                    .and_then(|n| usize::try_from(n).ok())
-                    .ok_or_else(|| {
-                        format!(
-                            "`{what}.original_max_position_embeddings` must be a positive integer, found {v}"
-                        )
-                    })?,
+                Some(v) => positive_count(v, &format!("{what}.original_max_position_embeddings"))?,
                 None => {
                     return Err(format!(
                         "`{what}` lacks the number `original_max_position_embeddings`"
@@ -115,9 +138,38 @@ fn scaling(
             factor: number(params, "factor", what)?,
             max_position_embeddings: max_positions,
         },
+        // transformers' `_compute_longrope_parameters`; Phi-3 configs still say `su`.
+        "longrope" | "su" => {
+            let original = match (top_original, params.get("original_max_position_embeddings")) {
+                (Some(n), _) => n,
+                (None, Some(v)) => {
+                    positive_count(v, &format!("{what}.original_max_position_embeddings"))?
+                }
+                (None, None) => max_positions,
+            };
+            let factor = match optional_number(params.get("factor"), &format!("{what}.factor"))? {
+                Some(f) => f,
+                None => max_positions as f64 / original as f64,
+            };
+            let attention_factor = match optional_number(
+                params.get("attention_factor"),
+                &format!("{what}.attention_factor"),
+            )? {
+                Some(a) => a,
+                None if factor <= 1.0 => 1.0,
+                None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+            };
+            RopeScaling::LongRope {
+                short_factor: numbers(params, "short_factor", what)?,
+                long_factor: numbers(params, "long_factor", what)?,
+                original_max_position_embeddings: original,
+                attention_factor,
+            }
+        }
         other => {
             return Err(format!(
-                "unsupported rope type `{other}` in `{what}` (supported: default, linear, llama3, dynamic)"
+                "unsupported rope type `{other}` in `{what}` (supported: default, linear, llama3, dynamic, \
+                 longrope)"
             ));
         }
     })
@@ -132,11 +184,15 @@ pub(crate) fn parse(
 ) -> Result<RopeConfig, String> {
     let parameters = scaling_object(config, "rope_parameters")?;
     let legacy = scaling_object(config, "rope_scaling")?;
+    let top_original = match config.get("original_max_position_embeddings") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(positive_count(v, "original_max_position_embeddings")?),
+    };
     let scaling = match (parameters, legacy) {
         (Some(p), Some(l)) => {
             let (new, old) = (
-                scaling(p, "rope_parameters", max_positions)?,
-                scaling(l, "rope_scaling", max_positions)?,
+                scaling(p, "rope_parameters", max_positions, top_original)?,
+                scaling(l, "rope_scaling", max_positions, top_original)?,
             );
             // Both forms present: transformers reads one of them, depending on its version, so they must agree.
             if new != old {
@@ -146,8 +202,8 @@ pub(crate) fn parse(
             }
             new
         }
-        (Some(p), None) => scaling(p, "rope_parameters", max_positions)?,
-        (None, Some(l)) => scaling(l, "rope_scaling", max_positions)?,
+        (Some(p), None) => scaling(p, "rope_parameters", max_positions, top_original)?,
+        (None, Some(l)) => scaling(l, "rope_scaling", max_positions, top_original)?,
         (None, None) => RopeScaling::None,
     };
     let params = parameters.or(legacy);
@@ -190,7 +246,7 @@ pub(crate) fn parse(
 /// The transformers 5 `rope_parameters` object for `rope`.
 pub(crate) fn to_parameters(rope: &RopeConfig) -> Value {
     let mut params = json!({ "rope_theta": rope.theta });
-    match rope.scaling {
+    match rope.scaling.clone() {
         RopeScaling::None => params["rope_type"] = json!("default"),
         RopeScaling::Linear { factor } => {
             params["rope_type"] = json!("linear");
@@ -211,6 +267,18 @@ pub(crate) fn to_parameters(rope: &RopeConfig) -> Value {
         RopeScaling::Dynamic { factor, .. } => {
             params["rope_type"] = json!("dynamic");
             params["factor"] = json!(factor);
+        }
+        RopeScaling::LongRope {
+            short_factor,
+            long_factor,
+            original_max_position_embeddings,
+            attention_factor,
+        } => {
+            params["rope_type"] = json!("longrope");
+            params["short_factor"] = json!(short_factor);
+            params["long_factor"] = json!(long_factor);
+            params["original_max_position_embeddings"] = json!(original_max_position_embeddings);
+            params["attention_factor"] = json!(attention_factor);
         }
     }
     if rope.rotary_dim != rope.head_dim {
@@ -302,7 +370,7 @@ pub(crate) fn llama3_from_factors(
         original_max_position_embeddings: context as usize,
     };
     let plain = RopeConfig::new(rotary_dim).with_theta(theta);
-    let scaled_rope = plain.clone().with_scaling(scaling);
+    let scaled_rope = plain.clone().with_scaling(scaling.clone());
     let matches = plain
         .inv_freq(0)
         .iter()
