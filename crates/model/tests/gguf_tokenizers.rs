@@ -184,3 +184,103 @@ fn gemma_sentencepiece_without_a_space_prefix_matches_hugging_face() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Mistral's Tekken tokenizer as llama.cpp's converter writes it into a GGUF (`tokenizer.ggml.model` `gpt2`,
+/// `pre` `tekken`): the vocabulary, merges and token types built from the Hugging Face `tokenizer.json` that
+/// transformers converts Tekken into (scripts/fetch_tekken.sh), as the converter's `get_vocab_base` does (added
+/// special tokens are control tokens). `fixtures/tekken.json` holds mistral-common's own ids for 29 hard texts
+/// (scripts/fixtures/tekken_fixtures.py, where Hugging Face `tokenizers` agrees on each).
+#[test]
+fn tekken_from_gguf_metadata_matches_mistral_common() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache/assets/tekken");
+    let json_path = dir.join("tokenizer.json");
+    if !json_path.is_file() {
+        eprintln!(
+            "skipping: {} is absent; run scripts/fetch_tekken.sh (scripts/test.sh does)",
+            json_path.display()
+        );
+        return;
+    }
+    let hf: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    let mut tokens: Vec<Option<(String, i32)>> = Vec::new();
+    let mut put = |id: usize, token: &str, kind: i32| {
+        if tokens.len() <= id {
+            tokens.resize(id + 1, None);
+        }
+        tokens[id] = Some((token.to_string(), kind));
+    };
+    for (token, id) in hf["model"]["vocab"].as_object().unwrap() {
+        put(id.as_u64().unwrap() as usize, token, 1);
+    }
+    for added in hf["added_tokens"].as_array().unwrap() {
+        let kind = if added["special"].as_bool().unwrap() {
+            3
+        } else {
+            4
+        };
+        put(
+            added["id"].as_u64().unwrap() as usize,
+            added["content"].as_str().unwrap(),
+            kind,
+        );
+    }
+    let (tokens, token_types): (Vec<String>, Vec<i32>) = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| t.unwrap_or_else(|| (format!("[PAD{i}]"), 4)))
+        .unzip();
+    let merges = hf["model"]["merges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| match m {
+            serde_json::Value::String(s) => s.clone(),
+            pair => format!(
+                "{} {}",
+                pair[0].as_str().unwrap(),
+                pair[1].as_str().unwrap()
+            ),
+        })
+        .collect();
+    let vocab = ember_tokenizer::GgufVocab {
+        path: json_path.clone(),
+        model: "gpt2".into(),
+        pre: Some("tekken".into()),
+        tokens,
+        token_types,
+        merges,
+        bos: Some(1),
+        eos: Some(2),
+        unk: Some(0),
+        ..Default::default()
+    };
+    let tokenizer = ember_tokenizer::Tokenizer::from_gguf_vocab(vocab).unwrap();
+    let fixture: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tekken.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let cases = fixture["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 29);
+    let mut failures = Vec::new();
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let expected: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let got = tokenizer.encode_ordinary(text).unwrap();
+        if got != expected {
+            failures.push(format!(
+                "{text:?}\n  got      {got:?}\n  expected {expected:?}"
+            ));
+        }
+        assert_eq!(tokenizer.decode(&got).unwrap(), text, "decode");
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
