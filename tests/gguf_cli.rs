@@ -11,11 +11,13 @@ use ember_model::gguf::{self, GgufFile};
 use ember_model::{Step, Transformer};
 
 /// One fixture per GGUF architecture ember reads, with the architecture `ember info` must report.
-const FAMILIES: [(&str, &str); 8] = [
+const FAMILIES: [(&str, &str); 9] = [
     ("llama", "LlamaForCausalLM"),
     ("qwen2", "Qwen2ForCausalLM"),
     ("qwen3", "Qwen3ForCausalLM"),
     ("phi3", "Phi3ForCausalLM"),
+    // Phi-3 with LongRoPE (`ember info` names it).
+    ("phi3_longrope", "Phi3ForCausalLM"),
     ("gpt2", "GPT2LMHeadModel"),
     ("gpt_neox", "GPTNeoXForCausalLM"),
     ("gemma2", "Gemma2ForCausalLM"),
@@ -77,6 +79,9 @@ fn info_reports_each_gguf_familys_architecture() {
         let out = ember(&["info", "--model", &path]);
         let text = String::from_utf8(out.stdout).unwrap();
         assert!(text.contains(architecture), "{name}: {text}");
+        if name == "phi3_longrope" {
+            assert!(text.contains("LongRoPE (short factors up to 16 positions"), "{text}");
+        }
     }
 }
 
