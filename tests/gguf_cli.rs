@@ -80,7 +80,10 @@ fn info_reports_each_gguf_familys_architecture() {
         let text = String::from_utf8(out.stdout).unwrap();
         assert!(text.contains(architecture), "{name}: {text}");
         if name == "phi3_longrope" {
-            assert!(text.contains("LongRoPE (short factors up to 16 positions"), "{text}");
+            assert!(
+                text.contains("LongRoPE (short factors up to 16 positions"),
+                "{text}"
+            );
         }
     }
 }
