@@ -156,33 +156,7 @@ fn gemma_sentencepiece_without_a_space_prefix_matches_hugging_face() {
     );
     vocab.add_space_prefix = Some(false);
     let tokenizer = ember_tokenizer::Tokenizer::from_gguf_vocab(vocab).unwrap();
-    let fixture: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gemma_spm.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
-    let cases = fixture["cases"].as_array().unwrap();
-    assert_eq!(cases.len(), 29);
-    let mut failures = Vec::new();
-    for case in cases {
-        let text = case["text"].as_str().unwrap();
-        let expected: Vec<u32> = case["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
-        let got = tokenizer.encode_ordinary(text).unwrap();
-        if got != expected {
-            failures.push(format!(
-                "{text:?}\n  got      {got:?}\n  expected {expected:?}"
-            ));
-        }
-        assert_eq!(tokenizer.decode(&got).unwrap(), text, "decode");
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_matches_fixture(&tokenizer, "gemma_spm.json");
 }
 
 /// Mistral's Tekken tokenizer as llama.cpp's converter writes it into a GGUF (`tokenizer.ggml.model` `gpt2`,
@@ -256,15 +230,23 @@ fn tekken_from_gguf_metadata_matches_mistral_common() {
         ..Default::default()
     };
     let tokenizer = ember_tokenizer::Tokenizer::from_gguf_vocab(vocab).unwrap();
+    assert_matches_fixture(&tokenizer, "tekken.json");
+}
+
+/// `tokenizer` encodes every text of `tests/fixtures/{name}` (29 hard texts from
+/// scripts/fixtures/hard_texts.py) to exactly its ids, and decodes them back byte for byte.
+fn assert_matches_fixture(tokenizer: &ember_tokenizer::Tokenizer, name: &str) {
     let fixture: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tekken.json"),
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures")
+                .join(name),
         )
         .unwrap(),
     )
     .unwrap();
     let cases = fixture["cases"].as_array().unwrap();
-    assert_eq!(cases.len(), 29);
+    assert_eq!(cases.len(), 29, "{name}");
     let mut failures = Vec::new();
     for case in cases {
         let text = case["text"].as_str().unwrap();
@@ -280,7 +262,7 @@ fn tekken_from_gguf_metadata_matches_mistral_common() {
                 "{text:?}\n  got      {got:?}\n  expected {expected:?}"
             ));
         }
-        assert_eq!(tokenizer.decode(&got).unwrap(), text, "decode");
+        assert_eq!(tokenizer.decode(&got).unwrap(), text, "{name}: decode");
     }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(failures.is_empty(), "{name}:\n{}", failures.join("\n"));
 }
