@@ -8,9 +8,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::module::embedding;
 use burn::tensor::{Int, Tensor, TensorData};
 use ember_training::{
-    AdamWConfig, BoxError, CosineSchedule, Gradients, InMemoryData, Observer, ParameterFileStore,
-    Precision, StepReport, StopReason, TrainData, TrainSettings, TrainableModel, TrainerState,
-    cross_entropy, inputs_and_targets, read_metrics, train,
+    AdamWConfig, BoxError, CosineSchedule, DataParallelSettings, Gradients, InMemoryData, Observer,
+    ParameterFileStore, Precision, StepReport, StopReason, TrainData, TrainSettings,
+    TrainableModel, TrainerState, cross_entropy, inputs_and_targets, read_metrics, train,
 };
 
 type B = Autodiff<Flex>;
@@ -377,4 +377,41 @@ fn bf16_is_refused_with_the_config_key() {
     )
     .unwrap_err();
     assert!(err.to_string().contains("training.precision"), "{err}");
+}
+
+/// `checkpoint_activations` reaches every micro-batch, on one device and on every data-parallel replica: a model
+/// that cannot recompute its blocks (this test's, which keeps `checkpointed_gradients`' default) fails the step
+/// with that method's error. (The transformer's checkpointed gradients equal the stored graph's bit for bit, so
+/// its runs cannot show whether the flag was used; this one can.)
+#[test]
+fn checkpoint_activations_routes_every_micro_batch_through_the_model() {
+    for replicas in [1, 2] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = settings(dir.path(), 4);
+        s.checkpoint_activations = true;
+        if replicas > 1 {
+            s.data_parallel = DataParallelSettings {
+                devices: vec![
+                    burn::tensor::backend::Device::to_id(
+                        &burn::tensor::Device::<B>::default()
+                    );
+                    replicas
+                ],
+                nodes: None,
+            };
+        }
+        let err = train(
+            model(),
+            &mut data(2),
+            &ParameterFileStore::new(),
+            &s,
+            &mut (),
+            &AtomicBool::new(false),
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("cannot recompute its activations"),
+            "{replicas} replicas: {err}"
+        );
+    }
 }
