@@ -188,3 +188,121 @@ fn prepare_tokenizes_a_corpus_with_a_gguf_files_vocabulary() {
     let written = std::fs::read_dir(&output).unwrap().count();
     assert!(written > 0, "no shards in {}", output.display());
 }
+
+/// Runs ember expecting failure; returns its stderr.
+fn ember_fails(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
+        .args(["--quiet", "--backend", "cpu"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "ember {args:?} should have failed");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn quantize_and_export_write_gguf_files_that_ember_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = fixture("qwen3");
+    for (args, types) in [
+        (vec!["quantize", "--quantize", "q4_k_m"], "Q5_0"),
+        (vec!["quantize", "--quantize", "Q8_0"], "Q8_0"),
+        (vec!["export", "--dtype", "f16"], "F16"),
+    ] {
+        let out = dir.path().join(format!("{}.gguf", args.last().unwrap()));
+        let mut full = args.clone();
+        full.extend([
+            "--model",
+            source.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        ember(&full);
+        let file = GgufFile::open(&out).unwrap();
+        assert!(
+            file.tensors()
+                .iter()
+                .any(|t| t.ggml_type.to_string() == types),
+            "{args:?}: no {types} tensor"
+        );
+        let info =
+            String::from_utf8(ember(&["info", "--model", out.to_str().unwrap()]).stdout).unwrap();
+        assert!(info.contains("Qwen3ForCausalLM"), "{info}");
+        let generated = ember(&[
+            "generate",
+            "--model",
+            out.to_str().unwrap(),
+            "--tokens",
+            "5,6,7",
+            "--max-new-tokens",
+            "4",
+            "--temperature",
+            "0",
+        ]);
+        assert!(!generated.stdout.is_empty());
+    }
+}
+
+#[test]
+fn gguf_writing_refuses_bad_requests_by_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.gguf");
+    let out = out.to_str().unwrap();
+    let llama = fixture("llama");
+    let llama = llama.to_str().unwrap();
+    for (args, needle) in [
+        (
+            vec![
+                "export", "--model", llama, "--out", out, "--dtype", "q4_k_m",
+            ],
+            "--dtype q4_k_m",
+        ),
+        (
+            vec!["export", "--model", llama, "--out", out, "--format", "onnx"],
+            "--format onnx",
+        ),
+        (
+            vec![
+                "export",
+                "--model",
+                llama,
+                "--out",
+                dir.path().to_str().unwrap(),
+            ],
+            "is a directory",
+        ),
+        (
+            vec!["export", "--model", llama, "--out", llama],
+            "must differ",
+        ),
+        (
+            vec![
+                "export",
+                "--model",
+                fixture("gpt2").to_str().unwrap(),
+                "--out",
+                out,
+            ],
+            "does not write",
+        ),
+        (
+            vec![
+                "quantize",
+                "--model",
+                llama,
+                "--out",
+                out,
+                "--quantize",
+                "q4_k_x",
+            ],
+            "--quantize q4_k_x",
+        ),
+    ] {
+        let err = ember_fails(&args);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+        "a refused write left a file"
+    );
+}

@@ -259,3 +259,81 @@ fn model_architecture_trains_other_families_from_scratch() {
     );
     assert!(!run.exists(), "a refused config wrote {}", run.display());
 }
+
+#[test]
+fn a_trained_run_exports_to_a_gguf_file_with_its_model_and_tokenizer() {
+    use burn::backend::Flex;
+    use burn::tensor::{Int, Tensor, TensorData};
+    use ember_model::ModelDir;
+    use ember_model::gguf::{self, GgufFile};
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = setup(dir.path());
+    let run = dir.path().join("run");
+    train(&config, &run, &[]);
+    let file = dir.path().join("tiny.gguf");
+    let output = ember()
+        .args(["--backend", "cpu", "--quiet", "export", "--model"])
+        .arg(run.join("best"))
+        .arg("--out")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "ember export failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let device = Default::default();
+    let trained = ModelDir::open(&run.join("best"))
+        .unwrap()
+        .load::<Flex>(&device, None)
+        .unwrap()
+        .model;
+    let gguf_file = GgufFile::open(&file).unwrap();
+    assert_eq!(
+        gguf_file.require_str("tokenizer.ggml.pre").unwrap(),
+        "gpt-2",
+        "ember's trainer splits text as GPT-2 does"
+    );
+    let exported: ember_model::Transformer<Flex> = gguf::load(&gguf_file, &device, None).unwrap();
+    let ids: Vec<i64> = (0..16).map(|i| (i * 37 + 5) % 300).collect();
+    let logits = |model: &ember_model::Transformer<Flex>| {
+        let tokens = Tensor::<Flex, 2, Int>::from_data(
+            TensorData::new(ids.clone(), [1, ids.len()]),
+            &device,
+        );
+        model
+            .forward(tokens)
+            .unwrap()
+            .into_data()
+            .into_vec::<f32>()
+            .unwrap()
+    };
+    // The same f32 weights, un-permuted back to the same layout: the same logits, bit for bit.
+    assert_eq!(logits(&trained), logits(&exported));
+    let tokenize = |tokenizer: &Path| {
+        let mut child = ember()
+            .args(["--quiet", "tokenize", "--tokenizer"])
+            .arg(tokenizer)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write as _;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all("ROMEO: speak 17 times, sweet love!\n\nJULIET: not I.".as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        out.stdout
+    };
+    assert_eq!(
+        tokenize(&run.join("best").join("tokenizer.json")),
+        tokenize(&file),
+        "the GGUF vocabulary tokenizes as the run's tokenizer.json"
+    );
+}

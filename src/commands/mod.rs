@@ -7,6 +7,7 @@ use crate::Context;
 pub mod bench;
 pub mod chat_data;
 pub mod eval;
+pub mod export;
 pub mod generate;
 pub mod info;
 pub mod logits;
@@ -79,8 +80,11 @@ pub enum Command {
     Prepare(prepare::Args),
     /// Perplexity and bits per byte of a model on held-out text (f32 or quantized).
     Eval(eval::Args),
-    /// Write a model directory with its weights quantized (int8 / int4), loadable by every command.
+    /// Write a model directory with its weights quantized (int8 / int4), or a GGUF file in one of llama.cpp's
+    /// types (q4_k_m, q8_0, ...), loadable by every command and by llama.cpp.
     Quantize(quantize::Args),
+    /// Write a model as a GGUF file (f32, f16 or bf16 weights) that llama.cpp runs.
+    Export(export::Args),
     /// Run a forward pass and write the logits to a safetensors file.
     Logits(logits::Args),
     /// Print a model's spec, parameter count and memory by dtype.
@@ -125,6 +129,7 @@ pub fn run(command: Command, ctx: &Context) -> anyhow::Result<()> {
         Command::Prepare(args) => prepare::run(args, ctx),
         Command::Eval(args) => eval::run(args, ctx),
         Command::Quantize(args) => quantize::run(args, ctx),
+        Command::Export(args) => export::run(args, ctx),
         Command::Logits(args) => logits::run(args, ctx),
         Command::Info(args) => info::run(args, ctx),
         Command::Plot(args) => plot::run(args, ctx),

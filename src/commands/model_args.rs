@@ -148,8 +148,9 @@ pub struct QuantizeArgs {
     /// Quantize the weights for inference: int8 (per output channel), int8-gN, int4 (= int4-g32), int4-gN, each
     /// int4 form optionally with -asym (zero points), N a multiple of 8 in 8..=4096 and, above 256, at most a
     /// weight row's length; or `gguf` to keep a GGUF file's quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-    /// Q2_K..Q6_K, IQ4_NL, IQ4_XS) exactly as stored
-    /// [default: none, f32 weights].
+    /// Q2_K..Q6_K, IQ4_NL, IQ4_XS) exactly as stored. `ember quantize` also takes llama.cpp's types (q8_0,
+    /// q6_k, q5_k_m, q5_k_s, q5_1, q5_0, q4_k_m, q4_k_s, q4_1, q4_0, q3_k_l, q3_k_m, q3_k_s, q2_k) and writes
+    /// a GGUF file [default: none, f32 weights].
     #[arg(long, value_name = "SCHEME")]
     pub quantize: Option<String>,
     /// With --quantize SCHEME: also quantize the token embedding table [default: off].

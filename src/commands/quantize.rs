@@ -1,11 +1,13 @@
 //! `ember quantize`: writes a model directory with its weights quantized (`config.json`, the packed
 //! `model.quantized.safetensors` and the tokenizer files), which `generate`, `eval`, `logits` and `bench` load
-//! as stored.
+//! as stored; or, with one of llama.cpp's recipes (`--quantize q4_k_m`, `q8_0`, ...), a GGUF file that llama.cpp
+//! and ember both run.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
 use ember_inference::{ModelAssets, WeightFormat, WeightsFile};
+use ember_model::gguf::GgufRecipe;
 use ember_model::{EmberBackend, save_quantized};
 
 use crate::Context;
@@ -23,14 +25,20 @@ const SIDE_FILES: [&str; 4] = [
 /// Flags of `ember quantize`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Hugging Face model directory to quantize [required].
+    /// Model to quantize: a Hugging Face directory, or (for a GGUF recipe) also a training run's `best/` or a
+    /// GGUF file [required].
     #[arg(long)]
     pub model: PathBuf,
-    /// Directory to write (created; existing files of the same names are replaced) [required].
+    /// Directory to write (created; existing files of the same names are replaced), or for a GGUF recipe the
+    /// `.gguf` file (replaced atomically) [required].
     #[arg(long)]
     pub out: PathBuf,
     #[command(flatten)]
     pub quantize: QuantizeArgs,
+    /// For a GGUF recipe: the model's name in the file (`general.name`) [default: the model's directory or file
+    /// name].
+    #[arg(long)]
+    pub name: Option<String>,
 }
 
 struct QuantizeJob {
@@ -54,6 +62,15 @@ impl BackendJob for QuantizeJob {
 
 /// Runs `ember quantize`.
 pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
+    if let Some(recipe) = args
+        .quantize
+        .quantize
+        .as_deref()
+        .and_then(GgufRecipe::parse)
+        && recipe.default_type().is_block_quantized()
+    {
+        return crate::commands::export::write_gguf(&args.model, &args.out, recipe, args.name, ctx);
+    }
     let precision = args.quantize.weight_format()?;
     let scheme = match precision {
         WeightFormat::Quantized(q) => q.scheme,
@@ -62,7 +79,11 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
              `ember generate --quantize gguf`"
         ),
         WeightFormat::F32 => {
-            bail!("--quantize SCHEME is required (int8, int8-gN, int4-gN, int4-gN-asym)")
+            bail!(
+                "--quantize SCHEME is required: int8, int8-gN, int4-gN, int4-gN-asym (a quantized directory) \
+                 or one of llama.cpp's types for a GGUF file: q8_0, q6_k, q5_k_m, q5_k_s, q5_1, q5_0, q4_k_m, \
+                 q4_k_s, q4_1, q4_0, q3_k_l, q3_k_m, q3_k_s, q2_k"
+            )
         }
     };
     let assets = ModelAssets::open(&args.model)?;

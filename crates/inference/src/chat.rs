@@ -90,6 +90,11 @@ impl ChatTemplate {
         }))
     }
 
+    /// The template's Jinja source, as the model files carry it.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
     /// The string the template sees as `eos_token` (the end-of-turn marker of most templates).
     pub fn eos_token(&self) -> &str {
         &self.eos_token

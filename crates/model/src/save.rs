@@ -60,7 +60,7 @@ pub(crate) fn hf_config(
 }
 
 /// `key: value (would load back as other)` for every top-level spec field where `spec` and `reparsed` differ.
-fn spec_differences(spec: &ModelSpec, reparsed: &ModelSpec) -> Vec<String> {
+pub(crate) fn spec_differences(spec: &ModelSpec, reparsed: &ModelSpec) -> Vec<String> {
     let fields = |s: &ModelSpec| match serde_json::to_value(s) {
         Ok(serde_json::Value::Object(map)) => map,
         _ => serde_json::Map::new(),

@@ -38,17 +38,17 @@ pub(crate) struct Parts {
 /// A loaded tokenizer. Cheap to share between threads (`&Tokenizer` is `Sync`); see [`Tokenizer::from_path`].
 #[derive(Debug, Clone)]
 pub struct Tokenizer {
-    model: BpeModel,
-    normalizers: Vec<Normalize>,
-    splitters: Vec<Splitter>,
-    prefix_space: bool,
-    added: AddedVocab,
-    token_bytes: Vec<Box<[u8]>>,
-    strip_leading_space: bool,
-    bos: Option<u32>,
-    eos: Option<u32>,
-    add_bos: bool,
-    add_eos: bool,
+    pub(crate) model: BpeModel,
+    pub(crate) normalizers: Vec<Normalize>,
+    pub(crate) splitters: Vec<Splitter>,
+    pub(crate) prefix_space: bool,
+    pub(crate) added: AddedVocab,
+    pub(crate) token_bytes: Vec<Box<[u8]>>,
+    pub(crate) strip_leading_space: bool,
+    pub(crate) bos: Option<u32>,
+    pub(crate) eos: Option<u32>,
+    pub(crate) add_bos: bool,
+    pub(crate) add_eos: bool,
 }
 
 impl Tokenizer {

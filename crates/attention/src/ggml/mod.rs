@@ -3,16 +3,19 @@
 //! that multiply them all read blocks through here).
 //!
 //! A block-quantized row of `cols` elements is `cols / block_len` blocks laid end to end; [`dequantize_block`]
-//! expands one, [`dequantize`] a whole buffer.
+//! expands one, [`dequantize`] a whole buffer; [`quantize`] writes blocks from f32 rows as ggml's reference
+//! quantizer does.
 
 mod ggml_type;
 pub(crate) mod kquants;
 pub(crate) mod legacy;
 mod matrix;
+mod quantize;
 pub(crate) mod unpack;
 
 pub use ggml_type::GgmlType;
 pub use matrix::GgmlMatrix;
+pub use quantize::{QuantizeError, can_quantize, quantize};
 
 /// The most elements one block of any supported type expands to (a K-quant super-block), so callers can
 /// expand a block into a stack buffer.

@@ -9,7 +9,7 @@ use super::{
     Family, GgufTensor, TensorSource, activation, derived_head_dim, from_value, gguf_names,
     hf_names, layer_count, rope, split_layer,
 };
-use crate::gguf::{GgufError, GgufHparams};
+use crate::gguf::{GgufError, GgufHparams, MetadataValue};
 use crate::spec::{Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
 use crate::tensors::TensorSpec;
 
@@ -192,6 +192,10 @@ impl Family for Llama {
     /// TinyLlama to `llama`.
     fn gguf_architecture(&self) -> Option<&'static str> {
         Some("llama")
+    }
+
+    fn gguf_metadata(&self, spec: &ModelSpec) -> Result<Vec<(String, MetadataValue)>, String> {
+        crate::gguf::rope_lineage_metadata("llama", spec)
     }
 
     fn gguf_config(&self, h: &GgufHparams<'_>) -> Result<Value, GgufError> {

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::error::{ModelError, Result};
-use crate::gguf::{GgufError, GgufHparams};
+use crate::gguf::{GgufError, GgufHparams, MetadataValue};
 use crate::spec::ModelSpec;
 use crate::tensors::TensorSpec;
 
@@ -128,6 +128,16 @@ pub trait Family: Sync {
     /// by default); `None` when the family has no such tensor.
     fn gguf_tensor(&self, _spec: &ModelSpec, tensor: &TensorSpec) -> Option<GgufTensor> {
         gguf_names::whole(&tensor.name)
+    }
+
+    /// The `{arch}.*` metadata of a GGUF file holding a model of `spec`, as llama.cpp's converter writes it
+    /// from the Hugging Face config (what [`Family::gguf_config`] reads back), or why this family is not written
+    /// as GGUF.
+    fn gguf_metadata(&self, _spec: &ModelSpec) -> Result<Vec<(String, MetadataValue)>, String> {
+        Err(format!(
+            "ember does not write {} models as GGUF yet (LLaMA, Qwen 2 and Qwen 3 are)",
+            self.architecture()
+        ))
     }
 }
 

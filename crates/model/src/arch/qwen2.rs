@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use super::llama::{LineageDefaults, lineage_config, lineage_spec};
 use super::{Family, TensorSource, from_value, hf_names};
-use crate::gguf::{GgufError, GgufHparams};
+use crate::gguf::{GgufError, GgufHparams, MetadataValue};
 use crate::spec::ModelSpec;
 use crate::tensors::TensorSpec;
 
@@ -152,6 +152,10 @@ impl Family for Qwen2 {
 
     /// The converter writes no sliding-window keys for Qwen2 (llama.cpp runs every layer in full), so none are
     /// read.
+    fn gguf_metadata(&self, spec: &ModelSpec) -> Result<Vec<(String, MetadataValue)>, String> {
+        crate::gguf::rope_lineage_metadata("qwen2", spec)
+    }
+
     fn gguf_config(&self, h: &GgufHparams<'_>) -> Result<Value, GgufError> {
         let mut config = h.rope_lineage(self.architecture(), 10_000.0)?;
         config["model_type"] = json!("qwen2");

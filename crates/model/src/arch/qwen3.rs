@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use super::llama::{LineageDefaults, lineage_config, lineage_spec};
 use super::qwen2::{qwen_windows, write_qwen_windows};
 use super::{Family, TensorSource, hf_names};
-use crate::gguf::{GgufError, GgufHparams};
+use crate::gguf::{GgufError, GgufHparams, MetadataValue};
 use crate::spec::{Biases, ModelSpec};
 use crate::tensors::TensorSpec;
 
@@ -57,6 +57,10 @@ impl Family for Qwen3 {
 
     fn gguf_architecture(&self) -> Option<&'static str> {
         Some("qwen3")
+    }
+
+    fn gguf_metadata(&self, spec: &ModelSpec) -> Result<Vec<(String, MetadataValue)>, String> {
+        crate::gguf::rope_lineage_metadata("qwen3", spec)
     }
 
     fn gguf_config(&self, h: &GgufHparams<'_>) -> Result<Value, GgufError> {

@@ -1,4 +1,4 @@
-//! GGUF v2/v3 reading: header, metadata, tensor infos and dequantization.
+//! GGUF v2/v3 reading (header, metadata, tensor infos and dequantization) and GGUF v3 writing ([`save_gguf`]).
 //!
 //! [`GgufFile::open`] memory-maps a file and parses its structure; tensors are dequantized to f32 on request with
 //! [`GgufFile::tensor_f32`], so only the tensors a model asks for are ever expanded. [`model_spec`] and [`load`]
@@ -6,11 +6,15 @@
 //! [`crate::arch::Family::gguf_config`]); [`tokenizer_vocab`] extracts the embedded tokenizer.
 
 mod error;
+mod export;
 mod hparams;
+mod lineage;
 mod metadata;
 mod model;
 mod reader;
+mod recipe;
 mod vocab;
+mod writer;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -20,16 +24,21 @@ use memmap2::Mmap;
 /// ggml's types and their dequantization live with the kernels that multiply packed blocks.
 pub use ember_attention::ggml::{GgmlType, dequantize};
 pub use error::GgufError;
+pub use export::{GgufExport, GgufSummary, permute_rows, save_gguf};
 pub use hparams::{GgufHparams, OUTPUT, TOKEN_EMBD};
+pub(crate) use lineage::rope_lineage_metadata;
 pub use metadata::MetadataValue;
 pub use model::{
     GgufSource, family, is_gguf, load, load_quantized, model_spec, unpacked_matrices,
     unpermute_rows,
 };
 pub use reader::{DEFAULT_ALIGNMENT, MAX_METADATA_ELEMENTS, TensorInfo};
+pub use recipe::{GgufRecipe, RECIPES, RecipeTensor};
 pub use vocab::{
-    CHAT_TEMPLATE, TokenizerFromGgufError, chat_template, load_tokenizer, tokenizer_vocab,
+    CHAT_TEMPLATE, TokenizerFromGgufError, chat_template, load_tokenizer, tokenizer_metadata,
+    tokenizer_vocab, vocab_metadata,
 };
+pub use writer::{GgufWriter, OutTensor, WRITTEN_VERSION};
 
 /// An open GGUF file: its parsed header over a read-only memory map of the whole file.
 #[derive(Debug)]

@@ -108,3 +108,83 @@ pub fn tokenizer_vocab(file: &GgufFile) -> Result<GgufVocab, GgufError> {
 pub fn chat_template(file: &GgufFile) -> Option<&str> {
     file.get(CHAT_TEMPLATE).and_then(MetadataValue::as_str)
 }
+
+/// The `tokenizer.*` metadata of `file` as stored (vocabulary, merges, special ids, chat template), for a GGUF
+/// written from a GGUF model: copied rather than rebuilt, so nothing llama.cpp reads from them changes.
+pub fn tokenizer_metadata(file: &GgufFile) -> Vec<(String, MetadataValue)> {
+    file.metadata()
+        .iter()
+        .filter(|(key, _)| key.starts_with("tokenizer."))
+        .cloned()
+        .collect()
+}
+
+/// The `tokenizer.ggml.*` keys of `vocab` and, if given, its chat template: the inverse of [`tokenizer_vocab`].
+pub fn vocab_metadata(
+    vocab: &GgufVocab,
+    chat_template: Option<&str>,
+) -> Vec<(String, MetadataValue)> {
+    let strings = |items: &[String]| {
+        MetadataValue::Array(items.iter().cloned().map(MetadataValue::String).collect())
+    };
+    let mut out = vec![(
+        "tokenizer.ggml.model".to_string(),
+        MetadataValue::String(vocab.model.clone()),
+    )];
+    let mut put =
+        |key: &str, value: MetadataValue| out.push((format!("tokenizer.ggml.{key}"), value));
+    if let Some(pre) = &vocab.pre {
+        put("pre", MetadataValue::String(pre.clone()));
+    }
+    put("tokens", strings(&vocab.tokens));
+    if !vocab.scores.is_empty() {
+        put(
+            "scores",
+            MetadataValue::Array(
+                vocab
+                    .scores
+                    .iter()
+                    .map(|&s| MetadataValue::F32(s))
+                    .collect(),
+            ),
+        );
+    }
+    put(
+        "token_type",
+        MetadataValue::Array(
+            vocab
+                .token_types
+                .iter()
+                .map(|&t| MetadataValue::I32(t))
+                .collect(),
+        ),
+    );
+    if !vocab.merges.is_empty() {
+        put("merges", strings(&vocab.merges));
+    }
+    for (key, id) in [
+        ("bos_token_id", vocab.bos),
+        ("eos_token_id", vocab.eos),
+        ("unknown_token_id", vocab.unk),
+    ] {
+        if let Some(id) = id {
+            put(key, MetadataValue::U32(id));
+        }
+    }
+    for (key, flag) in [
+        ("add_space_prefix", vocab.add_space_prefix),
+        ("add_bos_token", vocab.add_bos),
+        ("add_eos_token", vocab.add_eos),
+    ] {
+        if let Some(flag) = flag {
+            put(key, MetadataValue::Bool(flag));
+        }
+    }
+    if let Some(template) = chat_template {
+        out.push((
+            CHAT_TEMPLATE.to_string(),
+            MetadataValue::String(template.to_string()),
+        ));
+    }
+    out
+}

@@ -123,3 +123,35 @@ pub(crate) fn pretokenizer(pre: Option<&str>) -> Result<Option<Pretokenizer>> {
         ignore_merges,
     }))
 }
+
+/// One `tokenizer.ggml.pre` name for each distinct pre-tokenizer [`pretokenizer`] builds, the name llama.cpp's
+/// converter writes for its best-known model.
+const CANONICAL: &[&str] = &[
+    "gpt-2",
+    "llama-bpe",
+    "qwen2",
+    "qwen35",
+    "smollm",
+    "deepseek-llm",
+    "deepseek-coder",
+    "falcon",
+    "tekken",
+    "bloom",
+    "viking",
+];
+
+/// The `tokenizer.ggml.pre` name whose pre-tokenizer is exactly `splitters` with `ignore_merges`, if llama.cpp
+/// has one: the inverse of [`pretokenizer`], for writing a byte-level vocabulary to GGUF.
+pub(crate) fn name_of(splitters: &[Splitter], ignore_merges: bool) -> Option<&'static str> {
+    CANONICAL.iter().copied().find(|&name| {
+        pretokenizer(Some(name)).ok().flatten().is_some_and(|pre| {
+            pre.ignore_merges == ignore_merges
+                && pre.splitters.len() == splitters.len()
+                && pre
+                    .splitters
+                    .iter()
+                    .zip(splitters)
+                    .all(|(a, b)| a.same_as(b))
+        })
+    })
+}

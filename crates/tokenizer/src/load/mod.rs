@@ -1,6 +1,7 @@
 //! Loading tokenizers from files: [`Tokenizer::from_path`] picks the format.
 
 mod gguf;
+mod gguf_export;
 mod gguf_pre;
 mod hf_json;
 mod ids;

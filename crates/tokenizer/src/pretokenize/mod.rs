@@ -120,3 +120,17 @@ fn split_with<'a>(
         i = end;
     }
 }
+
+impl Splitter {
+    /// Whether `self` and `other` split every text alike because they are the same step (the same machine, or
+    /// regexes of the same pattern text).
+    pub(crate) fn same_as(&self, other: &Splitter) -> bool {
+        match (self, other) {
+            (Self::Gpt2, Self::Gpt2) => true,
+            (Self::Cl100k { max_digits: a }, Self::Cl100k { max_digits: b }) => a == b,
+            (Self::Regex(a), Self::Regex(b)) => a.as_str() == b.as_str(),
+            (Self::BeforeChar(a), Self::BeforeChar(b)) => a == b,
+            _ => false,
+        }
+    }
+}

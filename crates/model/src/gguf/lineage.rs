@@ -1,0 +1,91 @@
+//! The `{arch}.*` metadata llama.cpp reads for the RoPE families (LLaMA, Qwen 2, Qwen 3): what its converter
+//! writes from a Hugging Face config, and what [`super::GgufHparams::rope_lineage`] reads back.
+
+use ember_attention::RopeScaling;
+
+use super::MetadataValue;
+use crate::spec::{ModelSpec, Positions};
+
+/// GGUF stores these floats as f32 (llama.cpp refuses any other type for them), so a spec written to GGUF
+/// reads back with them rounded to f32: `spec` as a GGUF file can hold it.
+pub(crate) fn as_stored(spec: &ModelSpec) -> ModelSpec {
+    let mut stored = spec.clone();
+    let round = |v: f64| f64::from(v as f32);
+    stored.features.norm.eps = round(stored.features.norm.eps);
+    if let Positions::Rope(rope) = &mut stored.positions {
+        rope.theta = round(rope.theta);
+        if let RopeScaling::Linear { factor } = &mut rope.scaling {
+            *factor = round(*factor);
+        }
+    }
+    stored
+}
+
+/// The metadata of a RoPE-lineage model of `spec` under architecture `arch`, or why it has a setting llama.cpp
+/// files of that architecture cannot carry.
+pub(crate) fn rope_lineage_metadata(
+    arch: &str,
+    spec: &ModelSpec,
+) -> Result<Vec<(String, MetadataValue)>, String> {
+    let Positions::Rope(rope) = &spec.positions else {
+        return Err("needs rotary position embeddings".to_string());
+    };
+    let mut out = Vec::new();
+    let mut put = |key: &str, value: MetadataValue| out.push((format!("{arch}.{key}"), value));
+    let count = |n: usize, what: &str| {
+        u32::try_from(n)
+            .map(MetadataValue::U32)
+            .map_err(|_| format!("{what} {n} does not fit GGUF's u32"))
+    };
+    put(
+        "context_length",
+        count(spec.context_length, "context length")?,
+    );
+    put("embedding_length", count(spec.hidden_size, "hidden size")?);
+    put("block_count", count(spec.num_layers, "layer count")?);
+    put(
+        "feed_forward_length",
+        count(spec.intermediate_size, "intermediate size")?,
+    );
+    put("attention.head_count", count(spec.num_heads, "head count")?);
+    put(
+        "attention.head_count_kv",
+        count(spec.num_kv_heads, "key/value head count")?,
+    );
+    if spec.head_dim * spec.num_heads != spec.hidden_size {
+        put("attention.key_length", count(spec.head_dim, "head width")?);
+        put(
+            "attention.value_length",
+            count(spec.head_dim, "head width")?,
+        );
+    }
+    put(
+        "attention.layer_norm_rms_epsilon",
+        MetadataValue::F32(spec.features.norm.eps as f32),
+    );
+    put("rope.freq_base", MetadataValue::F32(rope.theta as f32));
+    put(
+        "rope.dimension_count",
+        count(rope.rotary_dim, "rotary width")?,
+    );
+    put("vocab_size", count(spec.vocab_size, "vocabulary size")?);
+    match &rope.scaling {
+        RopeScaling::None => {}
+        RopeScaling::Linear { factor } => {
+            put("rope.scaling.type", MetadataValue::String("linear".into()));
+            put("rope.scaling.factor", MetadataValue::F32(*factor as f32));
+        }
+        other => {
+            let name = match other {
+                RopeScaling::Llama3 { .. } => "llama3",
+                RopeScaling::Dynamic { .. } => "dynamic",
+                RopeScaling::LongRope { .. } => "longrope",
+                _ => "this",
+            };
+            return Err(format!(
+                "its `{name}` rope scaling is not written to GGUF yet (none and linear are)"
+            ));
+        }
+    }
+    Ok(out)
+}
