@@ -57,7 +57,7 @@ def main() -> None:
         out = f"{tmp}/logits.safetensors"
         subprocess.run([args.ember_bin, "--quiet", "--threads", str(args.threads), "logits", "--model", args.model,
                         "--tokens", ",".join(map(str, ids)), "--output", out], check=True)
-        ours = next(iter(load_file(out).values())).reshape(theirs.shape)
+        ours = load_file(out)["logits"].reshape(theirs.shape)
     gen = subprocess.run([args.ember_bin, "--quiet", "--threads", str(args.threads), "generate", "--model",
                           args.model, "--tokens", ",".join(map(str, ids)), "--max-new-tokens",
                           str(args.new_tokens), "--temperature", "0", "--ignore-eos", "--format", "json"],

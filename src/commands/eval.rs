@@ -10,7 +10,7 @@ use ember_model::EmberBackend;
 
 use crate::Context;
 use crate::backend::BackendJob;
-use crate::commands::model_args::ModelArgs;
+use crate::commands::model_args::{ModelArgs, load_with_progress};
 
 /// Flags of `ember eval`.
 #[derive(clap::Args, Debug)]
@@ -35,6 +35,11 @@ pub struct Args {
     /// Score at most this many tokens from the start of the tail, an integer >= 1 [default: all].
     #[arg(long, value_parser = crate::flags::positive)]
     pub max_tokens: Option<usize>,
+    /// With --quantize: also score the f32 model and report the fraction of positions where both predict the
+    /// same next token (`top1_agreement`), the closest measure of what quantization changes in greedy output;
+    /// scores the text twice [default: off].
+    #[arg(long, requires = "quantize")]
+    pub compare_f32: bool,
     /// Print one JSON object instead of text [default: off].
     #[arg(long)]
     pub json: bool,
@@ -97,17 +102,30 @@ impl BackendJob for EvalJob {
             "scoring {bar:30} {pos}/{len} windows {elapsed}",
         );
         let start = Instant::now();
-        let result = perplexity(&model, &self.ids, window, self.args.batch, |done, total| {
-            bar.set_length(total as u64);
-            bar.set_position(done as u64);
-        })?;
+        let weight_bytes = model.weight_memory_bytes();
+        let score = |model: &ember_model::Transformer<B>| {
+            perplexity(model, &self.ids, window, self.args.batch, |done, total| {
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+            })
+        };
+        let result = score(&model)?;
+        // The f32 model is loaded only once the quantized one is gone, so the two are never resident together.
+        let reference = if self.args.compare_f32 {
+            drop(model);
+            let f32_model =
+                load_with_progress::<B>(&self.assets, &device, &WeightFormat::F32, self.quiet)?;
+            Some(score(&f32_model)?)
+        } else {
+            None
+        };
         bar.finish_and_clear();
         Ok(serde_json::json!({
             "model": self.args.model.model.display().to_string(),
             "text": self.args.text.display().to_string(),
             "tail": self.args.tail,
             "precision": self.precision.label(),
-            "weight_bytes": model.weight_memory_bytes(),
+            "weight_bytes": weight_bytes,
             "window": window,
             "tokens": self.ids.len(),
             "scored_tokens": result.tokens,
@@ -116,6 +134,8 @@ impl BackendJob for EvalJob {
             "perplexity": result.perplexity(),
             "bits_per_byte": result.bits_per_byte(self.bytes),
             "seconds": start.elapsed().as_secs_f64(),
+            "f32_perplexity": reference.as_ref().map(|r| r.perplexity()),
+            "top1_agreement": reference.as_ref().and_then(|r| result.top1_agreement(r)),
         }))
     }
 }
@@ -175,6 +195,13 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
             report["bits_per_byte"].as_f64().unwrap_or_default(),
             report["seconds"].as_f64().unwrap_or_default(),
         ))?;
+        if let Some(agreement) = report["top1_agreement"].as_f64() {
+            super::println(&format!(
+                "f32: perplexity {:.3}; the same top-1 prediction at {:.1}% of the positions",
+                report["f32_perplexity"].as_f64().unwrap_or_default(),
+                100.0 * agreement
+            ))?;
+        }
     }
     Ok(())
 }

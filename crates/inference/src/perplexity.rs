@@ -6,13 +6,17 @@ use ember_model::{EmberBackend, Transformer};
 
 use crate::error::InferenceError;
 
-/// The summed negative log-likelihood of the scored tokens of a text.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// The summed negative log-likelihood of the scored tokens of a text, and the model's own top prediction at
+/// each of them.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Perplexity {
     /// Tokens whose probability was scored.
     pub tokens: usize,
     /// Sum over scored tokens of `-ln p(token | preceding tokens of its window)`, in nats.
     pub nll_nats: f64,
+    /// The most likely next token at each scored position, in text order: what greedy decoding would pick
+    /// there (ties to the lowest id).
+    pub top1: Vec<u32>,
 }
 
 impl Perplexity {
@@ -24,6 +28,20 @@ impl Perplexity {
     /// `exp(mean loss)`.
     pub fn perplexity(&self) -> f64 {
         self.mean_nll().exp()
+    }
+
+    /// The fraction of scored positions where `self` and `other` (the same text scored by another model, e.g.
+    /// quantized against f32) predict the same next token; `None` when they scored different positions.
+    pub fn top1_agreement(&self, other: &Perplexity) -> Option<f64> {
+        (self.top1.len() == other.top1.len() && !self.top1.is_empty()).then(|| {
+            let same = self
+                .top1
+                .iter()
+                .zip(&other.top1)
+                .filter(|(a, b)| a == b)
+                .count();
+            same as f64 / self.top1.len() as f64
+        })
     }
 
     /// Bits per byte of the text the scored tokens cover: comparable across tokenizers.
@@ -56,6 +74,7 @@ pub fn perplexity<B: EmberBackend>(
     let mut total = Perplexity {
         tokens: 0,
         nll_nats: 0.0,
+        top1: Vec::new(),
     };
     let mut done = 0;
     // Full windows share a batch; a shorter last window runs on its own.
@@ -71,6 +90,8 @@ pub fn perplexity<B: EmberBackend>(
             let inputs = tokens.clone().narrow(1, 0, len - 1);
             let targets = tokens.narrow(1, 1, len - 1);
             let logits = model.forward(inputs)?;
+            let top1 = logits.clone().argmax(2).into_data().convert::<i64>();
+            total.top1.extend(top1.iter::<i64>().map(|id| id as u32));
             let log_probs = log_softmax(logits, 2);
             let picked = log_probs.gather(2, targets.unsqueeze_dim::<3>(2));
             let nll: f64 = picked.sum().neg().into_scalar().elem();
@@ -149,7 +170,20 @@ mod tests {
         let p = Perplexity {
             tokens: 10,
             nll_nats: 10.0 * 40f64.ln(),
+            top1: vec![1, 2, 3, 4],
         };
+        let q = Perplexity {
+            top1: vec![1, 2, 0, 4],
+            ..p.clone()
+        };
+        assert_eq!(p.top1_agreement(&q), Some(0.75));
+        assert_eq!(
+            p.top1_agreement(&Perplexity {
+                top1: vec![1],
+                ..p.clone()
+            }),
+            None
+        );
         assert!((p.perplexity() - 40.0).abs() < 1e-9);
         assert!((p.bits_per_byte(20) - 10.0 * 40f64.log2() / 20.0).abs() < 1e-12);
     }

@@ -19,7 +19,7 @@ pub use ember_attention::{AttentionKernel, EmberBackend, RopeConfig, RopeLayout,
 pub use ember_optimization::QuantScheme;
 pub use error::{ModelError, Result};
 pub use load::{Loaded, ModelDir, load};
-pub use quantize::Quantization;
+pub use quantize::{Quantization, head_scheme};
 pub use quantized_io::{QUANTIZED_FILE, save_quantized};
 pub use save::save;
 pub use spec::{

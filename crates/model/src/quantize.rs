@@ -10,9 +10,9 @@ use crate::transformer::Transformer;
 
 /// Which weights [`Transformer::quantize`] converts, and how.
 ///
-/// The projections of every block are always quantized. The LM head is by default too; the embedding table is
-/// not: it is read a few rows per token, so quantizing it saves memory but no time, and small models lose more
-/// quality there than anywhere else.
+/// The projections of every block are always quantized. The LM head is by default too (at INT8 under a 4-bit
+/// scheme, see [`head_scheme`]); the embedding table is not: it is read a few rows per token, so quantizing it
+/// saves memory but no time, and small models lose more quality there than anywhere else.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Quantization {
     /// The scheme of every quantized weight.
@@ -35,6 +35,18 @@ impl Quantization {
     }
 }
 
+/// The scheme of the LM head under `scheme`: 4-bit schemes keep the head at INT8 per channel, as llama.cpp keeps
+/// its output tensor at 6-8 bits in every 4-bit recipe. The head's errors land on every logit directly, with no
+/// later layer to average them out: on SmolLM2-135M a 4-bit head alone cost 19 points of top-1 agreement with f32
+/// (docs/BENCHMARKS.md "int4 and the head").
+pub fn head_scheme(scheme: QuantScheme) -> QuantScheme {
+    if scheme.bits() < 8 {
+        QuantScheme::INT8
+    } else {
+        scheme
+    }
+}
+
 impl<B: EmberBackend> Transformer<B> {
     /// The model with its weights quantized as `q` says (one layer at a time, so peak memory stays near the
     /// f32 model's). Norms, biases and learned position tables stay f32. The result is for inference: quantized
@@ -50,11 +62,12 @@ impl<B: EmberBackend> Transformer<B> {
             self.embed = self.embed.quantize(scheme)?;
         }
         if q.lm_head {
+            let head = head_scheme(scheme);
             self.lm_head = match self.lm_head.take() {
-                Some(head) => Some(head.quantize(scheme, LM_HEAD)?),
+                Some(linear) => Some(linear.quantize(head, LM_HEAD)?),
                 // Tied: a quantized table already serves as the head; a dense one gets a quantized copy.
                 None if matches!(self.embed, Embedding::Quantized(_) | Embedding::Ggml(_)) => None,
-                None => Some(Linear::Quantized(self.embed.quantized_head(scheme)?)),
+                None => Some(Linear::Quantized(self.embed.quantized_head(head)?)),
             };
         }
         Ok(self)

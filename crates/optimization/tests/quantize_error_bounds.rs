@@ -152,8 +152,11 @@ fn scheme_strings_round_trip_and_bad_ones_are_rejected() {
         let scheme: QuantScheme = text.parse().unwrap();
         assert_eq!(scheme.to_string(), text);
     }
+    // Bare `int4` is the asymmetric grid (Q4_1's); a spelled group size is symmetric unless `-asym` follows.
+    assert_eq!("int4".parse::<QuantScheme>().unwrap(), QuantScheme::INT4);
+    assert_eq!(QuantScheme::INT4.to_string(), "int4-g32-asym");
     assert_eq!(
-        "int4".parse::<QuantScheme>().unwrap(),
+        "int4-sym".parse::<QuantScheme>().unwrap(),
         QuantScheme::INT4_G32
     );
     assert!(matches!(

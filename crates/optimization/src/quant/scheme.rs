@@ -53,10 +53,18 @@ impl QuantScheme {
         granularity: Granularity::PerChannel,
     };
 
-    /// Symmetric INT4 with groups of 32 (the `int4` default).
+    /// Symmetric INT4 with groups of 32 (`int4-g32`).
     pub const INT4_G32: QuantScheme = QuantScheme::Int4 {
         group_size: 32,
         symmetric: true,
+    };
+
+    /// Asymmetric INT4 with groups of 32 and a float minimum per group (`int4-g32-asym`, which bare `int4`
+    /// means): GGUF Q4_1's grid, so a Q4_1 file re-quantizes without loss, and on an f32 model it loses less
+    /// than the symmetric grid (docs/BENCHMARKS.md "int4 and the head").
+    pub const INT4: QuantScheme = QuantScheme::Int4 {
+        group_size: 32,
+        symmetric: false,
     };
 
     /// Bits per stored code.
@@ -212,9 +220,9 @@ impl fmt::Display for QuantScheme {
 impl FromStr for QuantScheme {
     type Err = QuantError;
 
-    /// Parses `int8` (per channel), `int8-gN`, `int4` (= `int4-g32`), `int4-gN`, and either int4
-    /// form followed by `-asym` (or `-sym`, the default); `N` is a multiple of 8 up to
-    /// [`MAX_GROUP_SIZE`].
+    /// Parses `int8` (per channel), `int8-gN`, `int4` (= `int4-g32-asym`, [`QuantScheme::INT4`]), `int4-gN`
+    /// (symmetric), and `int4`/`int4-gN` followed by `-asym` or `-sym`; `N` is a multiple of 8 up to
+    /// [`MAX_GROUP_SIZE`]. Spelled group sizes default to symmetric, as every written file names them.
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         let invalid = || QuantError::UnknownScheme {
             text: text.to_string(),
@@ -238,6 +246,7 @@ impl FromStr for QuantScheme {
             "int8" if symmetric != Some(false) => QuantScheme::Int8 {
                 granularity: group.map_or(Granularity::PerChannel, Granularity::Group),
             },
+            "int4" if group.is_none() && symmetric.is_none() => QuantScheme::INT4,
             "int4" => QuantScheme::Int4 {
                 group_size: group.unwrap_or(32),
                 symmetric: symmetric.unwrap_or(true),
