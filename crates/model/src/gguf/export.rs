@@ -13,7 +13,7 @@ use ember_attention::ggml::{QuantizeError, quantize};
 
 use super::recipe::{GgufRecipe, RecipeTensor};
 use super::writer::{GgufWriter, OutTensor};
-use super::{GgmlType, GgufError, GgufFile, MetadataValue, OUTPUT, lineage};
+use super::{GgmlType, GgufError, GgufFile, MetadataValue, OUTPUT, lineage, permute_rows};
 use crate::arch::{self, GgufTensor};
 use crate::error::{ModelError, Result};
 use crate::save::parameter_values;
@@ -212,26 +212,6 @@ fn fuse(name: &str, parts: Vec<Piece>) -> std::result::Result<Assembled, String>
         ));
     }
     Ok(Assembled { values, shape })
-}
-
-/// llama.cpp's query/key row permutation of a row-major `[heads * head_dim, cols]` matrix (`LlamaModel.permute`):
-/// canonical row `h*d + j*(d/2) + i` becomes row `h*d + 2i + j`, the inverse of [`super::unpermute_rows`].
-pub fn permute_rows<T: Copy + Default>(data: &[T], heads: usize, cols: usize) -> Vec<T> {
-    let rows = data.len() / cols.max(1);
-    let head_dim = rows / heads.max(1);
-    let half = head_dim / 2;
-    let mut out = vec![T::default(); data.len()];
-    for h in 0..heads {
-        for i in 0..half {
-            for j in 0..2 {
-                let from = h * head_dim + j * half + i;
-                let to = h * head_dim + 2 * i + j;
-                out[to * cols..(to + 1) * cols]
-                    .copy_from_slice(&data[from * cols..(from + 1) * cols]);
-            }
-        }
-    }
-    out
 }
 
 /// Writes `writer` to `path`, first to a temporary file that must read back as `spec` before it is renamed.

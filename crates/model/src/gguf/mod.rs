@@ -24,12 +24,12 @@ use memmap2::Mmap;
 /// ggml's types and their dequantization live with the kernels that multiply packed blocks.
 pub use ember_attention::ggml::{GgmlType, dequantize};
 pub use error::GgufError;
-pub use export::{GgufExport, GgufSummary, permute_rows, save_gguf};
+pub use export::{GgufExport, GgufSummary, save_gguf};
 pub use hparams::{GgufHparams, OUTPUT, TOKEN_EMBD};
 pub(crate) use lineage::rope_lineage_metadata;
 pub use metadata::MetadataValue;
 pub use model::{
-    GgufSource, family, is_gguf, load, load_quantized, model_spec, unpacked_matrices,
+    GgufSource, family, is_gguf, load, load_quantized, model_spec, permute_rows, unpacked_matrices,
     unpermute_rows,
 };
 pub use reader::{DEFAULT_ALIGNMENT, MAX_METADATA_ELEMENTS, TensorInfo};

@@ -55,6 +55,23 @@ pub fn model_spec(file: &GgufFile) -> crate::Result<(&'static dyn Family, ModelS
 ///
 /// Generic over the element so that quantized rows (packed codes, per-group scales) move the same way.
 pub fn unpermute_rows<T: Copy + Default>(data: &[T], heads: usize, cols: usize) -> Vec<T> {
+    move_head_rows(data, heads, cols, |half, i, j| (2 * i + j, j * half + i))
+}
+
+/// llama.cpp's query/key row permutation (`LlamaModel.permute`), the inverse of [`unpermute_rows`]: canonical row
+/// `h*d + j*(d/2) + i` becomes GGUF row `h*d + 2i + j`.
+pub fn permute_rows<T: Copy + Default>(data: &[T], heads: usize, cols: usize) -> Vec<T> {
+    move_head_rows(data, heads, cols, |half, i, j| (j * half + i, 2 * i + j))
+}
+
+/// Moves the rows of every head of a row-major `[heads * head_dim, cols]` matrix: `place(d/2, i, j)` gives the
+/// `(from, to)` rows within a head for each `i` in 0..d/2 and `j` in 0..2.
+fn move_head_rows<T: Copy + Default>(
+    data: &[T],
+    heads: usize,
+    cols: usize,
+    place: impl Fn(usize, usize, usize) -> (usize, usize),
+) -> Vec<T> {
     let rows = data.len() / cols.max(1);
     let head_dim = rows / heads.max(1);
     let half = head_dim / 2;
@@ -62,8 +79,8 @@ pub fn unpermute_rows<T: Copy + Default>(data: &[T], heads: usize, cols: usize) 
     for h in 0..heads {
         for i in 0..half {
             for j in 0..2 {
-                let from = h * head_dim + 2 * i + j;
-                let to = h * head_dim + j * half + i;
+                let (from, to) = place(half, i, j);
+                let (from, to) = (h * head_dim + from, h * head_dim + to);
                 out[to * cols..(to + 1) * cols]
                     .copy_from_slice(&data[from * cols..(from + 1) * cols]);
             }
