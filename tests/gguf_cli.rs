@@ -279,7 +279,7 @@ fn gguf_writing_refuses_bad_requests_by_flag() {
             vec![
                 "export",
                 "--model",
-                fixture("gpt2").to_str().unwrap(),
+                fixture("gemma2").to_str().unwrap(),
                 "--out",
                 out,
             ],

@@ -56,10 +56,14 @@ fn write_model(
     out
 }
 
-/// The bound on |ember - llama.cpp| for a file of `recipe`, and why. These random N(0, 0.3^2) models (logits of
-/// at most 7.8) amplify rounding noise about 15x (gguf_export.rs measures it for weight rounding).
-fn tolerance(recipe: GgufRecipe) -> f32 {
+/// The bound on |ember - llama.cpp| for fixture `name` in `recipe`, and why. These random N(0, 0.3^2) models
+/// (logits of at most 7.8) amplify rounding noise about 15x (gguf_export.rs measures it for weight rounding).
+fn tolerance(name: &str, recipe: GgufRecipe) -> f32 {
     match recipe {
+        // ggml's CPU GELU reads a table indexed by the f16-rounded input (`GGML_GELU_FP16` in ggml-cpu's
+        // vec.h), ember (like transformers, which this fixture matches to 1e-4) computes it in f32. Measured
+        // 2.0e-3.
+        GgufRecipe::F32 if name == "gpt2" => 1e-2,
         // f32 weights and (the fixture asks for it) an f32 KV cache on both sides; only the summation order
         // differs, as for every f32 parity fixture. Measured ~1e-5.
         GgufRecipe::F32 => 1e-4,
@@ -81,7 +85,7 @@ fn llama_cpp_runs_embers_files_with_embers_logits() {
     let bytes = std::fs::read(fixture_dir().join("llama_cpp.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let cases = record["cases"].as_object().unwrap();
-    assert!(cases.len() >= 9, "the fixture lost cases");
+    assert!(cases.len() >= 11, "the fixture lost cases");
     let mut failures = Vec::new();
     for (case, info) in cases {
         let (name, recipe_name) = case.split_once('.').unwrap();
@@ -109,10 +113,10 @@ fn llama_cpp_runs_embers_files_with_embers_logits() {
             .unwrap();
         let theirs = floats(&st, &format!("{case}.logits"));
         let diff = max_abs_diff(&ours, &theirs);
-        if diff > tolerance(recipe) {
+        let bound = tolerance(name, recipe);
+        if diff > bound {
             failures.push(format!(
-                "{case}: max |ember - llama.cpp| = {diff} > {}",
-                tolerance(recipe)
+                "{case}: max |ember - llama.cpp| = {diff} > {bound}"
             ));
         }
     }

@@ -8,7 +8,7 @@ use super::{
     Family, GgufTensor, ScratchShape, TensorSource, activation, derived_head_dim, from_value,
     gguf_names, layer_count, split_layer, times,
 };
-use crate::gguf::{GgufError, GgufHparams};
+use crate::gguf::{GgufError, GgufHparams, MetadataValue};
 use crate::spec::{Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
 use crate::tensors::{EMBED, LM_HEAD, POS_EMBED, TensorSpec};
 
@@ -199,6 +199,42 @@ impl Family for Gpt2 {
 
     /// The converter writes `4 * n_embd` as the feed-forward length whatever `n_inner` is, so the MLP width is
     /// read from `ffn_down`'s shape instead.
+    /// The keys llama.cpp's `gpt2` reads; the rest (GELU, learned positions, LayerNorm) is fixed by the
+    /// architecture, and the spec check after writing refuses a GPT-2 spec they cannot carry.
+    fn gguf_metadata(&self, spec: &ModelSpec) -> Result<Vec<(String, MetadataValue)>, String> {
+        let count = |n: usize, what: &str| {
+            u32::try_from(n)
+                .map(MetadataValue::U32)
+                .map_err(|_| format!("{what} {n} does not fit GGUF's u32"))
+        };
+        Ok(vec![
+            (
+                "gpt2.context_length".into(),
+                count(spec.context_length, "context length")?,
+            ),
+            (
+                "gpt2.embedding_length".into(),
+                count(spec.hidden_size, "hidden size")?,
+            ),
+            (
+                "gpt2.feed_forward_length".into(),
+                count(spec.intermediate_size, "MLP width")?,
+            ),
+            (
+                "gpt2.block_count".into(),
+                count(spec.num_layers, "layer count")?,
+            ),
+            (
+                "gpt2.attention.head_count".into(),
+                count(spec.num_heads, "head count")?,
+            ),
+            (
+                "gpt2.attention.layer_norm_epsilon".into(),
+                MetadataValue::F32(spec.features.norm.eps as f32),
+            ),
+        ])
+    }
+
     fn gguf_config(&self, h: &GgufHparams<'_>) -> Result<Value, GgufError> {
         let hidden = h.hidden_size()?;
         let inner = h

@@ -135,7 +135,7 @@ pub trait Family: Sync {
     /// as GGUF.
     fn gguf_metadata(&self, _spec: &ModelSpec) -> Result<Vec<(String, MetadataValue)>, String> {
         Err(format!(
-            "ember does not write {} models as GGUF yet (LLaMA, Qwen 2 and Qwen 3 are)",
+            "ember does not write {} models as GGUF yet (LLaMA, Qwen 2, Qwen 3 and GPT-2 are)",
             self.architecture()
         ))
     }

@@ -41,18 +41,19 @@ pub struct GgufSummary {
     pub types: Vec<(GgmlType, usize)>,
 }
 
-/// A canonical tensor on its way into a GGUF tensor: where it goes, its values and its canonical shape.
-type Piece = (GgufTensor, Vec<f32>, Vec<usize>);
+/// Where one canonical tensor goes: its place in the GGUF tensor, its canonical name and shape.
+type Piece = (GgufTensor, String, Vec<usize>);
 
-/// One GGUF tensor being assembled from the canonical tensors stored in it.
-struct Assembled {
-    /// Canonical-orientation `[rows, cols]` (or `[len]`) values; fused tensors are filled piece by piece.
-    values: Vec<f32>,
+/// One GGUF tensor to write: its shape and the canonical tensors stored in it (one, or the parts of a fused one).
+struct Planned {
+    name: String,
     shape: Vec<usize>,
+    pieces: Vec<Piece>,
 }
 
 /// Writes `model` to `path` as a GGUF file (atomically) and checks that it loads back as the same model.
-/// `progress` is called with `(done, total, tensor name)` as tensors are converted.
+/// `progress` is called with `(done, total, tensor name)` as tensors are converted. Tensors are assembled and
+/// quantized one at a time as the file is written, so the model plus one tensor is what memory holds.
 pub fn save_gguf<B: EmberBackend>(
     model: &Transformer<B>,
     export: &GgufExport,
@@ -91,21 +92,17 @@ pub fn save_gguf<B: EmberBackend>(
         writer.set(key.clone(), value.clone());
     }
 
-    let stored = assemble(model, family, spec).map_err(unwritable)?;
-    let tied = !stored.iter().any(|(name, _)| name == OUTPUT);
+    let planned = plan(family, spec).map_err(unwritable)?;
+    let tied = !planned.iter().any(|t| t.name == OUTPUT);
     let gqa = spec.num_heads / spec.num_kv_heads.max(1);
-    let total = stored.len();
     let mut summary = GgufSummary::default();
-    for (done, (name, tensor)) in stored.into_iter().enumerate() {
-        if let Some(report) = progress.as_mut() {
-            report(done, total, &name);
-        }
-        let cols = tensor.shape.last().copied().unwrap_or(1);
+    for tensor in &planned {
         let role = RecipeTensor {
-            name: &name,
+            name: &tensor.name,
             dims: tensor.shape.len(),
-            cols,
-            layer: name
+            cols: tensor.shape.last().copied().unwrap_or(1),
+            layer: tensor
+                .name
                 .strip_prefix("blk.")
                 .and_then(|rest| rest.split_once('.'))
                 .and_then(|(layer, _)| layer.parse().ok()),
@@ -114,114 +111,153 @@ pub fn save_gguf<B: EmberBackend>(
             gqa,
         };
         let ty = export.recipe.tensor_type(&role);
-        let data = quantize(ty, &tensor.values, cols)
-            .map_err(|e: QuantizeError| unwritable(format!("tensor `{name}` as {ty}: {e}")))?;
-        summary.data_bytes += data.len() as u64;
+        writer.add_tensor(OutTensor::new(&tensor.name, ty, tensor.shape.clone()), path)?;
         match summary.types.iter_mut().find(|(t, _)| *t == ty) {
             Some((_, n)) => *n += 1,
             None => summary.types.push((ty, 1)),
         }
-        writer.add_tensor(
-            OutTensor {
-                name,
-                ggml_type: ty,
-                shape: tensor.shape,
-                data,
-            },
-            path,
-        )?;
     }
+    summary.tensors = planned.len();
+    summary.data_bytes = writer.tensors().iter().map(OutTensor::n_bytes).sum();
+
+    let slots = writer.tensors().to_vec();
+    let total = planned.len();
+    let data = |i: usize| -> Result<Vec<u8>> {
+        let (tensor, slot) = (&planned[i], &slots[i]);
+        if let Some(report) = progress.as_mut() {
+            report(i, total, &tensor.name);
+        }
+        let values = fuse(model, tensor).map_err(unwritable)?;
+        let cols = tensor.shape.last().copied().unwrap_or(1);
+        quantize_parallel(slot.ggml_type, &values, cols).map_err(|e| {
+            unwritable(format!(
+                "tensor `{}` as {}: {e}",
+                tensor.name, slot.ggml_type
+            ))
+        })
+    };
+    write_checked(&writer, path, spec, data)?;
     if let Some(report) = progress.as_mut() {
         report(total, total, "");
     }
-    summary.tensors = total;
-    write_checked(&writer, path, spec)?;
     Ok(summary)
 }
 
-/// Every GGUF tensor of `model`, in the order its canonical tensors come, assembled from them.
-fn assemble<B: EmberBackend>(
-    model: &Transformer<B>,
+/// Every GGUF tensor of a model of `spec`, in the order its canonical tensors come, with the pieces it holds.
+fn plan(
     family: &dyn arch::Family,
     spec: &crate::spec::ModelSpec,
-) -> std::result::Result<Vec<(String, Assembled)>, String> {
-    let mut order: Vec<String> = Vec::new();
-    let mut pieces: BTreeMap<String, Vec<Piece>> = BTreeMap::new();
+) -> std::result::Result<Vec<Planned>, String> {
+    let mut planned: Vec<Planned> = Vec::new();
+    let mut index: BTreeMap<String, usize> = BTreeMap::new();
     for tensor in spec.tensors() {
         let place = family
             .gguf_tensor(spec, &tensor)
             .ok_or_else(|| format!("tensor `{}` has no place in a GGUF file", tensor.name))?;
-        let values = parameter_values(model, &tensor.name).map_err(|e| e.to_string())?;
-        if !pieces.contains_key(&place.name) {
-            order.push(place.name.clone());
-        }
-        pieces
-            .entry(place.name.clone())
-            .or_default()
-            .push((place, values, tensor.shape.clone()));
-    }
-    order
-        .into_iter()
-        .map(|name| {
-            let parts = pieces.remove(&name).unwrap_or_default();
-            fuse(&name, parts).map(|t| (name, t))
-        })
-        .collect()
-}
-
-/// One GGUF tensor from its canonical pieces: each permuted and offset as the converter does, then laid at its
-/// rows (a whole tensor is one piece covering every row).
-fn fuse(name: &str, parts: Vec<Piece>) -> std::result::Result<Assembled, String> {
-    let Some((_, _, first_shape)) = parts.first() else {
-        return Err(format!("tensor `{name}` has no pieces"));
-    };
-    let cols: usize = first_shape[1..].iter().product();
-    let rows = parts
-        .iter()
-        .map(|(place, _, shape)| place.rows.as_ref().map_or(shape[0], |r| r.end))
-        .max()
-        .unwrap_or(0);
-    let mut shape = first_shape.clone();
-    if !shape.is_empty() {
-        shape[0] = rows;
-    }
-    let mut values = vec![0.0f32; rows * cols.max(1)];
-    let mut covered = 0usize;
-    for (place, mut piece, piece_shape) in parts {
-        let piece_cols: usize = piece_shape[1..].iter().product();
-        if piece_cols != cols {
+        let rows = place.rows.as_ref().map_or(tensor.shape[0], |r| r.end);
+        let at = *index.entry(place.name.clone()).or_insert_with(|| {
+            planned.push(Planned {
+                name: place.name.clone(),
+                shape: tensor.shape.clone(),
+                pieces: Vec::new(),
+            });
+            planned.len() - 1
+        });
+        let entry = &mut planned[at];
+        if entry.shape[1..] != tensor.shape[1..] {
             return Err(format!(
-                "tensor `{name}` fuses pieces of {cols} and {piece_cols} columns"
+                "tensor `{}` fuses pieces of shapes {:?} and {:?}",
+                entry.name, entry.shape, tensor.shape
             ));
         }
+        entry.shape[0] = entry.shape[0].max(rows);
+        entry
+            .pieces
+            .push((place, tensor.name.clone(), tensor.shape.clone()));
+    }
+    Ok(planned)
+}
+
+/// The values of one GGUF tensor from its canonical pieces: each permuted and offset as the converter does,
+/// then laid at its rows (a whole tensor is one piece covering every row).
+fn fuse<B: EmberBackend>(
+    model: &Transformer<B>,
+    tensor: &Planned,
+) -> std::result::Result<Vec<f32>, String> {
+    let cols: usize = tensor.shape[1..].iter().product::<usize>().max(1);
+    let mut values = vec![0.0f32; tensor.shape.iter().product()];
+    let mut covered = 0usize;
+    for (place, canonical, _) in &tensor.pieces {
+        let mut piece = parameter_values(model, canonical).map_err(|e| e.to_string())?;
         if let Some(heads) = place.permuted_heads {
-            piece = permute_rows(&piece, heads, cols.max(1));
+            piece = permute_rows(&piece, heads, cols);
         }
         if place.offset != 0.0 {
             piece.iter_mut().for_each(|v| *v += place.offset);
         }
-        let start = place.rows.as_ref().map_or(0, |r| r.start);
-        let at = start * cols.max(1);
-        values[at..at + piece.len()].copy_from_slice(&piece);
+        let at = place.rows.as_ref().map_or(0, |r| r.start) * cols;
+        values
+            .get_mut(at..at + piece.len())
+            .ok_or_else(|| format!("tensor `{}`: `{canonical}` lies outside it", tensor.name))?
+            .copy_from_slice(&piece);
         covered += piece.len();
     }
     if covered != values.len() {
         return Err(format!(
-            "tensor `{name}`: its pieces cover {covered} of {} values",
+            "tensor `{}`: its pieces cover {covered} of {} values",
+            tensor.name,
             values.len()
         ));
     }
-    Ok(Assembled { values, shape })
+    Ok(values)
+}
+
+/// [`quantize`] split by rows across the kernel threads: every row is quantized on its own, so the bytes are
+/// the same however the rows are split.
+fn quantize_parallel(
+    ty: GgmlType,
+    values: &[f32],
+    cols: usize,
+) -> std::result::Result<Vec<u8>, QuantizeError> {
+    let rows = values.len() / cols.max(1);
+    let threads = ember_attention::kernel_threads().clamp(1, rows.max(1));
+    if threads == 1 || values.len() < 1 << 16 {
+        return quantize(ty, values, cols);
+    }
+    let per = rows.div_ceil(threads) * cols;
+    let parts: Vec<std::result::Result<Vec<u8>, QuantizeError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = values
+            .chunks(per)
+            .map(|chunk| scope.spawn(move || quantize(ty, chunk, cols)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    });
+    let mut out = Vec::new();
+    for part in parts {
+        out.extend(part?);
+    }
+    Ok(out)
 }
 
 /// Writes `writer` to `path`, first to a temporary file that must read back as `spec` before it is renamed.
-fn write_checked(writer: &GgufWriter, path: &Path, spec: &crate::spec::ModelSpec) -> Result<()> {
+fn write_checked(
+    writer: &GgufWriter,
+    path: &Path,
+    spec: &crate::spec::ModelSpec,
+    data: impl FnMut(usize) -> Result<Vec<u8>>,
+) -> Result<()> {
     let check = path.with_file_name(format!(
         "{}.check-{}",
         path.file_name().unwrap_or_default().to_string_lossy(),
         std::process::id()
     ));
-    writer.write(&check)?;
+    writer.write(&check, data)?;
     let verdict = (|| -> Result<()> {
         let file = GgufFile::open(&check)?;
         let (_, reread) = super::model_spec(&file)?;

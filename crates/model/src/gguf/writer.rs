@@ -13,8 +13,9 @@ use super::{GgmlType, GgufError, MetadataValue};
 /// The GGUF version this writer produces (llama.cpp's current one).
 pub const WRITTEN_VERSION: u32 = 3;
 
-/// One tensor to write: its name, type, shape (outermost first, as [`super::TensorInfo::shape`] returns it) and
-/// the bytes the type's layout gives that shape.
+/// One tensor of the file: its name, type and shape (outermost first, as [`super::TensorInfo::shape`] returns
+/// it). Its bytes are asked for only when the data section is written ([`GgufWriter::write`]), one tensor at a
+/// time, so a file is written without holding all its tensors at once.
 #[derive(Clone, Debug)]
 pub struct OutTensor {
     /// The GGUF tensor name (`blk.0.attn_q.weight`).
@@ -23,8 +24,8 @@ pub struct OutTensor {
     pub ggml_type: GgmlType,
     /// Dimensions outermost first (`[rows, cols]` for a matrix).
     pub shape: Vec<usize>,
-    /// The stored bytes (f32/f16 values or ggml blocks, row-major).
-    pub data: Vec<u8>,
+    /// The bytes its type and shape take.
+    n_bytes: u64,
 }
 
 /// A GGUF file being assembled: metadata in insertion order, then tensors in insertion order.
@@ -32,6 +33,23 @@ pub struct OutTensor {
 pub struct GgufWriter {
     metadata: Vec<(String, MetadataValue)>,
     tensors: Vec<OutTensor>,
+}
+
+impl OutTensor {
+    /// A tensor `name` of `ggml_type` and `shape`.
+    pub fn new(name: impl Into<String>, ggml_type: GgmlType, shape: Vec<usize>) -> Self {
+        OutTensor {
+            name: name.into(),
+            ggml_type,
+            shape,
+            n_bytes: 0,
+        }
+    }
+
+    /// The bytes its data takes.
+    pub fn n_bytes(&self) -> u64 {
+        self.n_bytes
+    }
 }
 
 impl GgufWriter {
@@ -59,9 +77,9 @@ impl GgufWriter {
         &self.tensors
     }
 
-    /// Adds a tensor, checking that its bytes are exactly what its type and shape take and that no other tensor
-    /// has its name (`what` names the destination in errors).
-    pub fn add_tensor(&mut self, tensor: OutTensor, what: &Path) -> Result<(), GgufError> {
+    /// Adds a tensor, checking that its type's blocks divide its rows and that no other tensor has its name
+    /// (`what` names the destination in errors).
+    pub fn add_tensor(&mut self, mut tensor: OutTensor, what: &Path) -> Result<(), GgufError> {
         let corrupt = |reason: String| GgufError::Corrupt {
             path: what.to_path_buf(),
             what: format!("tensor `{}`", tensor.name),
@@ -79,18 +97,10 @@ impl GgufWriter {
                 tensor.ggml_type
             )));
         }
-        let expected = elements / block_len * block_bytes;
-        if tensor.data.len() != expected {
-            return Err(corrupt(format!(
-                "{} bytes given, its shape {:?} in {} takes {expected}",
-                tensor.data.len(),
-                tensor.shape,
-                tensor.ggml_type
-            )));
-        }
         if self.tensors.iter().any(|t| t.name == tensor.name) {
             return Err(corrupt("written twice".to_string()));
         }
+        tensor.n_bytes = (elements / block_len * block_bytes) as u64;
         self.tensors.push(tensor);
         Ok(())
     }
@@ -105,63 +115,101 @@ impl GgufWriter {
             .unwrap_or(DEFAULT_ALIGNMENT)
     }
 
-    /// Writes the file to `path` atomically (a temporary file in the same directory, renamed over `path`).
-    pub fn write(&self, path: &Path) -> Result<(), GgufError> {
+    /// Writes the file to `path` atomically (a temporary file in the same directory, renamed over `path`), asking
+    /// `data(i)` for the bytes of tensor `i` in order, once each. A wrong byte count or an error of `data` stops
+    /// the write and removes the temporary file.
+    pub fn write<E: From<GgufError>>(
+        &self,
+        path: &Path,
+        mut data: impl FnMut(usize) -> Result<Vec<u8>, E>,
+    ) -> Result<(), E> {
         let temp = temporary_path(path);
         let io = |source| GgufError::Io {
             path: path.to_path_buf(),
             source,
         };
-        let result = (|| {
-            let file = std::fs::File::create(&temp)?;
+        let result = (|| -> Result<(), E> {
+            let file = std::fs::File::create(&temp).map_err(io)?;
             let mut out = BufWriter::new(file);
-            self.write_to(&mut out)?;
-            let file = out.into_inner().map_err(|e| e.into_error())?;
-            file.sync_all()?;
-            std::fs::rename(&temp, path)
+            self.write_to(&mut out, path, &mut data)?;
+            let file = out.into_inner().map_err(|e| io(e.into_error()))?;
+            file.sync_all().map_err(io)?;
+            std::fs::rename(&temp, path).map_err(io)?;
+            Ok(())
         })();
         if result.is_err() {
             let _ = std::fs::remove_file(&temp);
         }
-        result.map_err(io)
+        result
     }
 
-    /// Writes the whole file to `out`.
-    pub fn write_to(&self, out: &mut impl Write) -> std::io::Result<()> {
+    /// Writes the whole file to `out` (`path` names it in errors), taking each tensor's bytes from `data`.
+    fn write_to<E: From<GgufError>>(
+        &self,
+        out: &mut impl Write,
+        path: &Path,
+        data: &mut impl FnMut(usize) -> Result<Vec<u8>, E>,
+    ) -> Result<(), E> {
+        let io = |source| GgufError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
         let alignment = self.alignment();
+        let header = self.header(alignment).map_err(io)?;
+        out.write_all(&header).map_err(io)?;
+        let mut offset = 0u64;
+        for (i, t) in self.tensors.iter().enumerate() {
+            let bytes = data(i)?;
+            if bytes.len() as u64 != t.n_bytes {
+                return Err(GgufError::Corrupt {
+                    path: path.to_path_buf(),
+                    what: format!("tensor `{}`", t.name),
+                    reason: format!(
+                        "{} bytes given, its shape {:?} in {} takes {}",
+                        bytes.len(),
+                        t.shape,
+                        t.ggml_type,
+                        t.n_bytes
+                    ),
+                }
+                .into());
+            }
+            out.write_all(&bytes).map_err(io)?;
+            let end = align(offset + t.n_bytes, alignment);
+            pad(out, end - offset - t.n_bytes).map_err(io)?;
+            offset = end;
+        }
+        out.flush().map_err(io)?;
+        Ok(())
+    }
+
+    /// Everything before the data section: magic, version, counts, metadata, tensor infos and the padding to
+    /// the alignment.
+    fn header(&self, alignment: u64) -> std::io::Result<Vec<u8>> {
+        let mut out = Vec::new();
         out.write_all(b"GGUF")?;
         out.write_all(&WRITTEN_VERSION.to_le_bytes())?;
         out.write_all(&(self.tensors.len() as u64).to_le_bytes())?;
         out.write_all(&(self.metadata.len() as u64).to_le_bytes())?;
-        let mut header_len = 4 + 4 + 8 + 8;
         for (key, value) in &self.metadata {
-            header_len += write_string(out, key)?;
+            write_string(&mut out, key)?;
             out.write_all(&value_type(value).to_le_bytes())?;
-            header_len += 4 + write_value(out, value)?;
+            write_value(&mut out, value)?;
         }
         let mut offset = 0u64;
-        let mut offsets = Vec::with_capacity(self.tensors.len());
         for t in &self.tensors {
-            header_len += write_string(out, &t.name)?;
+            write_string(&mut out, &t.name)?;
             out.write_all(&(t.shape.len() as u32).to_le_bytes())?;
             for &d in t.shape.iter().rev() {
                 out.write_all(&(d as u64).to_le_bytes())?;
             }
             out.write_all(&t.ggml_type.id().to_le_bytes())?;
             out.write_all(&offset.to_le_bytes())?;
-            header_len += 4 + 8 * t.shape.len() as u64 + 4 + 8;
-            offsets.push(offset);
-            offset = align(offset + t.data.len() as u64, alignment);
+            offset = align(offset + t.n_bytes, alignment);
         }
-        pad(out, align(header_len, alignment) - header_len)?;
-        let mut written = 0u64;
-        for (t, &at) in self.tensors.iter().zip(&offsets) {
-            pad(out, at - written)?;
-            out.write_all(&t.data)?;
-            written = at + t.data.len() as u64;
-        }
-        pad(out, offset - written)?;
-        out.flush()
+        let len = out.len() as u64;
+        pad(&mut out, align(len, alignment) - len)?;
+        Ok(out)
     }
 }
 
@@ -252,5 +300,57 @@ fn write_value(out: &mut impl Write, value: &MetadataValue) -> std::io::Result<u
             }
             Ok(n)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wrong_byte_count_or_a_failing_tensor_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.gguf");
+        let mut writer = GgufWriter::new();
+        writer.set(
+            "general.architecture",
+            MetadataValue::String("llama".into()),
+        );
+        writer
+            .add_tensor(OutTensor::new("a", GgmlType::F32, vec![2, 3]), &path)
+            .unwrap();
+        let err = writer
+            .write::<GgufError>(&path, |_| Ok(vec![0; 5]))
+            .unwrap_err();
+        assert!(err.to_string().contains("5 bytes given"), "{err}");
+        let err = writer
+            .write::<GgufError>(&path, |_| {
+                Err(GgufError::Corrupt {
+                    path: path.clone(),
+                    what: "tensor `a`".into(),
+                    reason: "no values".into(),
+                })
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("no values"), "{err}");
+        assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none());
+        writer
+            .write::<GgufError>(&path, |_| Ok(vec![0; 24]))
+            .unwrap();
+        let file = crate::gguf::GgufFile::open(&path).unwrap();
+        assert_eq!(file.tensor_info("a").unwrap().shape(), vec![2, 3]);
+        assert!(
+            writer
+                .add_tensor(OutTensor::new("a", GgmlType::F32, vec![1]), &path)
+                .is_err(),
+            "a name written twice"
+        );
+        assert!(
+            writer
+                .add_tensor(OutTensor::new("b", GgmlType::Q8_0, vec![2, 16]), &path)
+                .unwrap_err()
+                .to_string()
+                .contains("not whole Q8_0 blocks")
+        );
     }
 }
