@@ -10,7 +10,7 @@ use common::tiny;
 use ember_inference::sampling::SamplingConfig;
 use ember_inference::{
     Completion, FinishReason, GenerationConfig, InferenceError, KvCacheKind, Request, RequestSink,
-    Scheduler, SchedulerConfig, generate,
+    Scheduler, SchedulerConfig, TokenLogprob, generate,
 };
 
 /// One position of the tiny model's cache: 2 layers x 2 KV heads x (8 + 8) f32.
@@ -20,6 +20,8 @@ const TOKEN_BYTES: usize = 256;
 #[derive(Default)]
 struct Received {
     tokens: Vec<u32>,
+    /// The log-probabilities streamed with the tokens.
+    logprobs: Vec<TokenLogprob>,
     result: Option<Result<Completion, InferenceError>>,
     finishes: usize,
 }
@@ -30,8 +32,10 @@ struct Sink {
 }
 
 impl RequestSink for Sink {
-    fn token(&mut self, id: u32, _text: &str) {
-        self.received.lock().unwrap().tokens.push(id);
+    fn token(&mut self, id: u32, _text: &str, logprob: Option<&TokenLogprob>) {
+        let mut r = self.received.lock().unwrap();
+        r.tokens.push(id);
+        r.logprobs.extend(logprob.cloned());
     }
 
     fn finish(&mut self, result: Result<Completion, InferenceError>) {
@@ -59,6 +63,11 @@ impl Handle {
                 assert_eq!(
                     c.ids, r.tokens,
                     "streamed tokens differ from the completion's"
+                );
+                assert_eq!(
+                    c.logprobs.clone().unwrap_or_default(),
+                    r.logprobs,
+                    "streamed log-probabilities differ from the completion's"
                 );
                 c.clone()
             }

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use ember_inference::{
     Completion, InferenceError, PooledDecoder, Request, RequestSink, Scheduler, SchedulerConfig,
-    SchedulerStats,
+    SchedulerStats, TokenLogprob,
 };
 use ember_tokenizer::Tokenizer;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
@@ -26,6 +26,8 @@ pub enum Event {
         id: u32,
         /// Text released with it.
         text: String,
+        /// Its log-probability, when the request asked for them.
+        logprob: Option<TokenLogprob>,
     },
     /// The end: the completion or the error. Nothing follows.
     Done(Result<Completion, InferenceError>),
@@ -223,7 +225,7 @@ struct ChannelSink {
 }
 
 impl RequestSink for ChannelSink {
-    fn token(&mut self, id: u32, text: &str) {
+    fn token(&mut self, id: u32, text: &str, logprob: Option<&TokenLogprob>) {
         let now = Instant::now();
         match self.last_token {
             None => self.metrics.time_to_first_token(now - self.submitted),
@@ -234,6 +236,7 @@ impl RequestSink for ChannelSink {
         let _ = self.tx.send(Event::Token {
             id,
             text: text.to_string(),
+            logprob: logprob.cloned(),
         });
     }
 

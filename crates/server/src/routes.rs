@@ -343,7 +343,8 @@ impl ServerState {
             include_usage: params.include_usage,
         };
         if params.stream {
-            return Ok(stream::events(meta, first, events).into_response());
+            let tokenizer = self.model.tokenizer.clone();
+            return Ok(stream::events(meta, first, events, tokenizer).into_response());
         }
         let mut next = Some(first);
         loop {
@@ -366,7 +367,7 @@ impl ServerState {
         let logprobs = c
             .logprobs
             .as_ref()
-            .map(|l| logprobs_json(meta.endpoint, l, &self.model.tokenizer));
+            .map(|l| logprobs_json(meta.endpoint, l, &self.model.tokenizer, 0));
         let choice = match meta.endpoint {
             Endpoint::Chat => json!({
                 "index": 0,
@@ -417,7 +418,14 @@ pub(crate) fn usage(c: &Completion, prompt_tokens: usize) -> Value {
     })
 }
 
-fn logprobs_json(endpoint: Endpoint, logprobs: &[TokenLogprob], tokenizer: &Tokenizer) -> Value {
+/// The `logprobs` object of `logprobs` in `endpoint`'s format; a completion's `text_offset`s start at `offset`
+/// (the length of the text before these tokens, for a streamed chunk).
+pub(crate) fn logprobs_json(
+    endpoint: Endpoint,
+    logprobs: &[TokenLogprob],
+    tokenizer: &Tokenizer,
+    offset: usize,
+) -> Value {
     let bytes = |id: u32| tokenizer.decode_bytes(&[id]).unwrap_or_default();
     let token = |id: u32| String::from_utf8_lossy(&bytes(id)).into_owned();
     match endpoint {
@@ -432,7 +440,7 @@ fn logprobs_json(endpoint: Endpoint, logprobs: &[TokenLogprob], tokenizer: &Toke
             })).collect::<Vec<_>>(),
         }),
         Endpoint::Completion => {
-            let mut offset = 0;
+            let mut offset = offset;
             let mut offsets = Vec::with_capacity(logprobs.len());
             for l in logprobs {
                 offsets.push(offset);

@@ -5,15 +5,19 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::sync::Arc;
 
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::Stream;
 use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use ember_inference::TokenLogprob;
+use ember_tokenizer::Tokenizer;
+
 use crate::engine::Event;
 use crate::error::ApiError;
-use crate::routes::{Endpoint, ResponseMeta, finish_reason, usage};
+use crate::routes::{Endpoint, ResponseMeta, finish_reason, logprobs_json, usage};
 
 struct State {
     meta: ResponseMeta,
@@ -21,10 +25,23 @@ struct State {
     pending: Option<Event>,
     out: VecDeque<SseEvent>,
     done: bool,
+    tokenizer: Arc<Tokenizer>,
+    /// Log-probabilities of tokens whose text has not been sent yet (held back partial characters or possible
+    /// stop strings): they go with the next chunk that has text, or the last.
+    held: Vec<TokenLogprob>,
+    /// Bytes of text sent so far (a completion's `text_offset`s continue from it).
+    sent: usize,
 }
 
 impl State {
-    fn chunk(&self, delta_text: Option<&str>, role: bool, finish: Option<&str>) -> SseEvent {
+    fn chunk(&mut self, delta_text: Option<&str>, role: bool, finish: Option<&str>) -> SseEvent {
+        let logprobs = if self.held.is_empty() {
+            Value::Null
+        } else {
+            let held = std::mem::take(&mut self.held);
+            logprobs_json(self.meta.endpoint, &held, &self.tokenizer, self.sent)
+        };
+        self.sent += delta_text.map_or(0, str::len);
         let choice = match self.meta.endpoint {
             Endpoint::Chat => {
                 let mut delta = serde_json::Map::new();
@@ -34,10 +51,10 @@ impl State {
                 if let Some(text) = delta_text {
                     delta.insert("content".into(), json!(text));
                 }
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
             Endpoint::Completion => json!({
-                "index": 0, "text": delta_text.unwrap_or(""), "logprobs": null, "finish_reason": finish,
+                "index": 0, "text": delta_text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish,
             }),
         };
         self.data(json!([choice]), None)
@@ -63,7 +80,8 @@ impl State {
     /// Turns the next event of the request into chunks.
     fn push(&mut self, event: Option<Event>) {
         match event {
-            Some(Event::Token { text, .. }) => {
+            Some(Event::Token { text, logprob, .. }) => {
+                self.held.extend(logprob);
                 if !text.is_empty() {
                     let chunk = self.chunk(Some(&text), false, None);
                     self.out.push_back(chunk);
@@ -105,6 +123,7 @@ pub(crate) fn events(
     meta: ResponseMeta,
     first: Event,
     events: UnboundedReceiver<Event>,
+    tokenizer: Arc<Tokenizer>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let mut state = State {
         meta,
@@ -112,6 +131,9 @@ pub(crate) fn events(
         pending: Some(first),
         out: VecDeque::new(),
         done: false,
+        tokenizer,
+        held: Vec::new(),
+        sent: 0,
     };
     // The first chunk names the role, as OpenAI's do.
     let opening = match state.meta.endpoint {

@@ -231,6 +231,93 @@ async fn streaming_sends_openai_chunks_that_add_up_to_the_whole_reply() {
     assert_eq!(usage["usage"]["completion_tokens"], n);
 }
 
+/// `a` and `b` equal, numbers within 1e-5: two requests for the same text meet the model in different batches
+/// (and the second finds its prompt in the prefix cache), so their logits differ by f32 summation order (~1e-7
+/// here), never by a token.
+fn assert_close(a: &Value, b: &Value, what: &str) {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+            assert!((x - y).abs() <= 1e-5, "{what}: {x} vs {y}");
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            assert_eq!(x.len(), y.len(), "{what}: lengths");
+            x.iter().zip(y).for_each(|(x, y)| assert_close(x, y, what));
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            assert_eq!(
+                x.keys().collect::<Vec<_>>(),
+                y.keys().collect::<Vec<_>>(),
+                "{what}"
+            );
+            x.iter().for_each(|(k, v)| assert_close(v, &y[k], what));
+        }
+        _ => assert_eq!(a, b, "{what}"),
+    }
+}
+
+/// The chunks' `logprobs`, streamed with the text they belong to, add up to the whole response's: the same
+/// tokens and values in the same order, for chat (`content` lists) and completions (parallel arrays, the
+/// `text_offset`s continuing across chunks).
+#[tokio::test]
+async fn streamed_chunks_carry_the_logprobs_of_their_tokens() {
+    let s = default_server();
+    for (path, mut body, key) in [
+        (
+            "/v1/chat/completions",
+            {
+                let mut b = chat_body("Stream me", 12);
+                b["logprobs"] = json!(true);
+                b["top_logprobs"] = json!(2);
+                b
+            },
+            "content",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "Once upon", "max_tokens": 12, "temperature": 0, "logprobs": 2}),
+            "tokens",
+        ),
+    ] {
+        let (status, whole) = s.post_json(path, body.clone()).await;
+        assert_eq!(status, StatusCode::OK, "{whole}");
+        let whole = &whole["choices"][0]["logprobs"];
+        body["stream"] = json!(true);
+        let (status, text) = s.post(path, &body.to_string()).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        let data = sse_data(&text);
+        let chunks: Vec<Value> = data[..data.len() - 1]
+            .iter()
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        let carried: Vec<&Value> = chunks
+            .iter()
+            .map(|c| &c["choices"][0]["logprobs"])
+            .filter(|l| !l.is_null())
+            .collect();
+        assert!(
+            carried.len() > 1,
+            "{path}: logprobs in {} chunks",
+            carried.len()
+        );
+        if key == "content" {
+            let streamed: Vec<Value> = carried
+                .iter()
+                .flat_map(|l| l["content"].as_array().unwrap().clone())
+                .collect();
+            assert_close(&Value::Array(streamed), &whole["content"], path);
+        } else {
+            for field in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+                let streamed: Vec<Value> = carried
+                    .iter()
+                    .flat_map(|l| l[field].as_array().unwrap().clone())
+                    .collect();
+                assert_close(&Value::Array(streamed), &whole[field], field);
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn completions_take_text_or_ids_and_report_logprobs() {
     let s = default_server();

@@ -523,7 +523,7 @@ impl<'m, M: PooledDecoder> Scheduler<'m, M> {
                 .finish(FinishReason::Length, &mut |piece| text.push_str(piece));
             if !text.is_empty() {
                 let id = live.row.ids.last().copied().unwrap_or(0);
-                live.sink.token(id, &text);
+                live.sink.token(id, &text, None);
             }
         }
     }
@@ -553,7 +553,8 @@ impl<'m, M: PooledDecoder> Scheduler<'m, M> {
         live.row
             .accept(id, &live.config, &mut |piece| text.push_str(piece))?;
         self.stats.generated_tokens += 1;
-        live.sink.token(id, &text);
+        let logprob = live.top_logprobs.and(live.logprobs.last());
+        live.sink.token(id, &text, logprob);
         Ok(())
     }
 

@@ -53,8 +53,9 @@ pub struct Completion {
 /// Where the scheduler sends a request's output. Called from the scheduler's thread, between steps.
 pub trait RequestSink: Send {
     /// Generated token `id`, with the text that became final with it (often empty: a partial UTF-8 character or
-    /// a possible start of a stop string is held back until it is decided).
-    fn token(&mut self, id: u32, text: &str);
+    /// a possible start of a stop string is held back until it is decided), and its log-probability when
+    /// [`Request::top_logprobs`] asked for them (`None` for text released at the end without a new token).
+    fn token(&mut self, id: u32, text: &str, logprob: Option<&TokenLogprob>);
 
     /// The request ended: its completion, or why it failed. Called once; no call follows.
     fn finish(&mut self, result: Result<Completion, InferenceError>);
