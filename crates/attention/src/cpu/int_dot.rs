@@ -234,9 +234,12 @@ fn product(
             t * CHANNELS_PER_TASK..((t + 1) * CHANNELS_PER_TASK).min(out),
         )
     };
-    if kernel_threads() == 1 || tasks == 1 {
+    let threads = kernel_threads();
+    if threads == 1 || tasks == 1 {
         (0..tasks).for_each(task);
-    } else {
+    } else if threads < rayon::current_num_threads() || !super::spin_pool::run(tasks, &task) {
+        // The spinning workers are one per pool thread: a caller capped below the pool (`with_kernel_threads`)
+        // keeps to rayon rather than wake them all.
         (0..tasks).into_par_iter().for_each(task);
     }
     ACTIVATIONS.set(activations);

@@ -17,6 +17,7 @@ mod q8;
 pub(crate) mod quantized;
 mod rope;
 mod simd;
+mod spin_pool;
 mod swiglu;
 
 pub(crate) use cross_entropy::{cross_entropy, cross_entropy_backward};
