@@ -140,7 +140,7 @@ impl Pool {
                     break Some(word);
                 }
                 spins = spins.wrapping_add(1);
-                if spins % 64 == 0 {
+                if spins.is_multiple_of(64) {
                     if started.elapsed() > SPIN {
                         break None;
                     }
