@@ -297,6 +297,19 @@ fn gguf_writing_refuses_bad_requests_by_flag() {
             ],
             "--quantize q4_k_x",
         ),
+        (
+            vec![
+                "quantize",
+                "--model",
+                llama,
+                "--out",
+                out,
+                "--quantize",
+                "q4_k_m",
+                "--f32-lm-head",
+            ],
+            "--f32-lm-head applies to the int8/int4 schemes",
+        ),
     ] {
         let err = ember_fails(&args);
         assert!(err.contains(needle), "{args:?}: {err}");

@@ -103,11 +103,19 @@ impl BackendJob for EvalJob {
         );
         let start = Instant::now();
         let weight_bytes = model.weight_memory_bytes();
+        let compare = self.args.compare_f32;
         let score = |model: &ember_model::Transformer<B>| {
-            perplexity(model, &self.ids, window, self.args.batch, |done, total| {
-                bar.set_length(total as u64);
-                bar.set_position(done as u64);
-            })
+            perplexity(
+                model,
+                &self.ids,
+                window,
+                self.args.batch,
+                compare,
+                |done, total| {
+                    bar.set_length(total as u64);
+                    bar.set_position(done as u64);
+                },
+            )
         };
         let result = score(&model)?;
         // The f32 model is loaded only once the quantized one is gone, so the two are never resident together.

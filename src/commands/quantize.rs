@@ -69,6 +69,19 @@ pub fn run(args: Args, ctx: &Context) -> anyhow::Result<()> {
         .and_then(GgufRecipe::parse)
         && recipe.default_type().is_block_quantized()
     {
+        // A recipe sets every tensor's type itself, the embedding and the head included.
+        for (set, flag) in [
+            (args.quantize.quantize_embeddings, "--quantize-embeddings"),
+            (args.quantize.f32_lm_head, "--f32-lm-head"),
+            (args.quantize.exact_products, "--exact-products"),
+        ] {
+            if set {
+                bail!(
+                    "{flag} applies to the int8/int4 schemes; --quantize {recipe} chooses every tensor's \
+                     type (the head and a tied embedding Q6_K or Q8_0, as llama.cpp does)"
+                );
+            }
+        }
         return crate::commands::export::write_gguf(&args.model, &args.out, recipe, args.name, ctx);
     }
     let precision = args.quantize.weight_format()?;

@@ -14,8 +14,8 @@ pub struct Perplexity {
     pub tokens: usize,
     /// Sum over scored tokens of `-ln p(token | preceding tokens of its window)`, in nats.
     pub nll_nats: f64,
-    /// The most likely next token at each scored position, in text order: what greedy decoding would pick
-    /// there (ties to the lowest id).
+    /// With `top1` asked for: the most likely next token at each scored position, in text order (what greedy
+    /// decoding would pick there); empty otherwise.
     pub top1: Vec<u32>,
 }
 
@@ -53,12 +53,14 @@ impl Perplexity {
 /// Scores `ids` with `model` over consecutive non-overlapping windows of `window` tokens (at most the model's
 /// context), `batch` windows per forward pass. Within each window every token but the first is predicted from
 /// the ones before it, so `ids.len() - windows` tokens are scored; a last window shorter than 2 tokens is
-/// dropped. `on_progress(done, total)` is called after each batch of windows.
+/// dropped. With `top1`, each scored position's most likely token is kept too ([`Perplexity::top1`]): an argmax
+/// over the logits, done only when asked. `on_progress(done, total)` is called after each batch of windows.
 pub fn perplexity<B: EmberBackend>(
     model: &Transformer<B>,
     ids: &[u32],
     window: usize,
     batch: usize,
+    top1: bool,
     mut on_progress: impl FnMut(usize, usize),
 ) -> Result<Perplexity, InferenceError> {
     let context = model.spec().context_length;
@@ -90,8 +92,10 @@ pub fn perplexity<B: EmberBackend>(
             let inputs = tokens.clone().narrow(1, 0, len - 1);
             let targets = tokens.narrow(1, 1, len - 1);
             let logits = model.forward(inputs)?;
-            let top1 = logits.clone().argmax(2).into_data().convert::<i64>();
-            total.top1.extend(top1.iter::<i64>().map(|id| id as u32));
+            if top1 {
+                let best = logits.clone().argmax(2).into_data().convert::<i64>();
+                total.top1.extend(best.iter::<i64>().map(|id| id as u32));
+            }
             let log_probs = log_softmax(logits, 2);
             let picked = log_probs.gather(2, targets.unsqueeze_dim::<3>(2));
             let nll: f64 = picked.sum().neg().into_scalar().elem();
@@ -123,7 +127,7 @@ mod tests {
         let model = tiny();
         let ids: Vec<u32> = (0..77).map(|i| (i * 13 + 5) % 40).collect();
         let window = 16;
-        let got = perplexity(&model, &ids, window, 3, |_, _| {}).unwrap();
+        let got = perplexity(&model, &ids, window, 3, false, |_, _| {}).unwrap();
         let mut expected = 0.0f64;
         let mut scored = 0;
         for w in ids.chunks(window).filter(|w| w.len() >= 2) {
@@ -191,9 +195,9 @@ mod tests {
     #[test]
     fn rejects_bad_window_and_ids() {
         let model = tiny();
-        assert!(perplexity(&model, &[1, 2, 3], 1, 1, |_, _| {}).is_err());
-        assert!(perplexity(&model, &[1, 2, 3], 33, 1, |_, _| {}).is_err());
-        let err = perplexity(&model, &[1, 40], 2, 1, |_, _| {}).unwrap_err();
+        assert!(perplexity(&model, &[1, 2, 3], 1, 1, false, |_, _| {}).is_err());
+        assert!(perplexity(&model, &[1, 2, 3], 33, 1, false, |_, _| {}).is_err());
+        let err = perplexity(&model, &[1, 40], 2, 1, false, |_, _| {}).unwrap_err();
         assert!(err.to_string().contains("40"), "{err}");
     }
 }

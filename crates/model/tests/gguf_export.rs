@@ -129,11 +129,7 @@ fn quantized_recipes_store_their_type_mix_and_stay_near_the_f32_logits() {
                 name: &t.name,
                 dims: shape.len(),
                 cols: *shape.last().unwrap(),
-                layer: t
-                    .name
-                    .strip_prefix("blk.")
-                    .and_then(|r| r.split_once('.'))
-                    .and_then(|(l, _)| l.parse().ok()),
+                layer: RecipeTensor::layer_of(&t.name),
                 layers: spec.num_layers,
                 tied: file.tensor_info(gguf::OUTPUT).is_err(),
                 gqa: spec.num_heads / spec.num_kv_heads,

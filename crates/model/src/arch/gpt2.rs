@@ -202,11 +202,7 @@ impl Family for Gpt2 {
     /// The keys llama.cpp's `gpt2` reads; the rest (GELU, learned positions, LayerNorm) is fixed by the
     /// architecture, and the spec check after writing refuses a GPT-2 spec they cannot carry.
     fn gguf_metadata(&self, spec: &ModelSpec) -> Result<Vec<(String, MetadataValue)>, String> {
-        let count = |n: usize, what: &str| {
-            u32::try_from(n)
-                .map(MetadataValue::U32)
-                .map_err(|_| format!("{what} {n} does not fit GGUF's u32"))
-        };
+        let count = crate::gguf::count_value;
         Ok(vec![
             (
                 "gpt2.context_length".into(),

@@ -101,11 +101,7 @@ pub fn save_gguf<B: EmberBackend>(
             name: &tensor.name,
             dims: tensor.shape.len(),
             cols: tensor.shape.last().copied().unwrap_or(1),
-            layer: tensor
-                .name
-                .strip_prefix("blk.")
-                .and_then(|rest| rest.split_once('.'))
-                .and_then(|(layer, _)| layer.parse().ok()),
+            layer: RecipeTensor::layer_of(&tensor.name),
             layers: spec.num_layers,
             tied,
             gqa,

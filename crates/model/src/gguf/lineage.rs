@@ -21,6 +21,13 @@ pub(crate) fn as_stored(spec: &ModelSpec) -> ModelSpec {
     stored
 }
 
+/// `n` as the u32 GGUF stores counts in, or an error naming `what` when it does not fit.
+pub(crate) fn count_value(n: usize, what: &str) -> Result<MetadataValue, String> {
+    u32::try_from(n)
+        .map(MetadataValue::U32)
+        .map_err(|_| format!("{what} {n} does not fit GGUF's u32"))
+}
+
 /// The metadata of a RoPE-lineage model of `spec` under architecture `arch`, or why it has a setting llama.cpp
 /// files of that architecture cannot carry.
 pub(crate) fn rope_lineage_metadata(
@@ -32,11 +39,7 @@ pub(crate) fn rope_lineage_metadata(
     };
     let mut out = Vec::new();
     let mut put = |key: &str, value: MetadataValue| out.push((format!("{arch}.{key}"), value));
-    let count = |n: usize, what: &str| {
-        u32::try_from(n)
-            .map(MetadataValue::U32)
-            .map_err(|_| format!("{what} {n} does not fit GGUF's u32"))
-    };
+    let count = count_value;
     put(
         "context_length",
         count(spec.context_length, "context length")?,

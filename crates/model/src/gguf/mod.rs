@@ -26,7 +26,7 @@ pub use ember_attention::ggml::{GgmlType, dequantize};
 pub use error::GgufError;
 pub use export::{GgufExport, GgufSummary, save_gguf};
 pub use hparams::{GgufHparams, OUTPUT, TOKEN_EMBD};
-pub(crate) use lineage::rope_lineage_metadata;
+pub(crate) use lineage::{count_value, rope_lineage_metadata};
 pub use metadata::MetadataValue;
 pub use model::{
     GgufSource, family, is_gguf, load, load_quantized, model_spec, permute_rows, unpacked_matrices,

@@ -91,6 +91,13 @@ pub struct RecipeTensor<'a> {
     pub gqa: usize,
 }
 
+impl RecipeTensor<'_> {
+    /// The block of GGUF tensor `name` (`blk.{layer}.`), if it is in one.
+    pub fn layer_of(name: &str) -> Option<usize> {
+        name.strip_prefix("blk.")?.split_once('.')?.0.parse().ok()
+    }
+}
+
 impl GgufRecipe {
     /// The recipe called `name` (case-insensitive: `Q4_K_M` and `q4_k_m` alike).
     pub fn parse(name: &str) -> Option<Self> {
