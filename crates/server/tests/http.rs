@@ -4,7 +4,7 @@
 //! is what `ember generate --chat --temperature 0` runs.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -13,8 +13,10 @@ use axum::http::{Request, StatusCode, header};
 use burn::backend::Flex;
 use ember_inference::sampling::SamplingConfig;
 use ember_inference::{
-    GenerationConfig, Message, ModelAssets, SchedulerConfig, TransformerLm, generate,
+    GenerationConfig, InferenceError, Message, ModelAssets, PooledDecoder, SchedulerConfig,
+    TransformerLm, generate,
 };
+use ember_optimization::{PagedKvPool, SeqId};
 use ember_server::{Engine, Metrics, ServedModel, ServerState, router};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
@@ -49,6 +51,16 @@ fn unstarted_server(
     max_queue: usize,
     api_key: Option<&str>,
 ) -> (Server, impl FnOnce()) {
+    unstarted_server_over(config, max_queue, api_key, |lm| lm)
+}
+
+/// [`unstarted_server`] whose worker runs the model `wrap` makes of the tiny one.
+fn unstarted_server_over<M: PooledDecoder + 'static>(
+    config: SchedulerConfig,
+    max_queue: usize,
+    api_key: Option<&str>,
+    wrap: impl FnOnce(TransformerLm<Flex>) -> M + Send + 'static,
+) -> (Server, impl FnOnce()) {
     let (mut assets, _) = load();
     let metrics = Arc::new(Metrics::default());
     let (engine, worker) = Engine::new(max_queue, metrics.clone());
@@ -65,7 +77,9 @@ fn unstarted_server(
     let start = move || {
         std::thread::spawn(move || {
             let (assets, lm) = load();
-            worker.run(&lm, assets.tokenizer.as_ref(), config).unwrap();
+            worker
+                .run(&wrap(lm), assets.tokenizer.as_ref(), config)
+                .unwrap();
         });
     };
     let state = ServerState::new(served, engine, metrics, api_key.map(String::from));
@@ -591,9 +605,64 @@ async fn wait_for(s: &Server, name: &str, value: f64) {
     }
 }
 
+/// The tiny model behind a gate: after its first `free_steps` steps every step waits until the gate opens. The
+/// tiny model runs 30 tokens in milliseconds, faster than a test can drop a stream after its first frame; held at
+/// the gate, the request is still decoding when the client goes, whatever the machine's load.
+struct Gated {
+    lm: TransformerLm<Flex>,
+    free_steps: usize,
+    state: Arc<(Mutex<(usize, bool)>, Condvar)>,
+}
+
+impl Gated {
+    fn open(gate: &(Mutex<(usize, bool)>, Condvar)) {
+        gate.0.lock().unwrap().1 = true;
+        gate.1.notify_all();
+    }
+}
+
+impl PooledDecoder for Gated {
+    type Backend = Flex;
+
+    fn context_length(&self) -> usize {
+        self.lm.context_length()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.lm.vocab_size()
+    }
+
+    fn new_pool(
+        &self,
+        block_size: usize,
+        budget_bytes: usize,
+    ) -> Result<PagedKvPool<Flex>, InferenceError> {
+        self.lm.new_pool(block_size, budget_bytes)
+    }
+
+    fn step_pooled(
+        &self,
+        pool: &mut PagedKvPool<Flex>,
+        seqs: &[SeqId],
+        tokens: &[Vec<u32>],
+    ) -> Result<Vec<Vec<f32>>, InferenceError> {
+        let (lock, opened) = &*self.state;
+        let mut state = lock.lock().unwrap();
+        state.0 += 1;
+        while state.0 > self.free_steps && !state.1 {
+            state = opened.wait(state).unwrap();
+        }
+        drop(state);
+        self.lm.step_pooled(pool, seqs, tokens)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_mid_stream_cancels_its_request_and_frees_its_blocks() {
-    let s = server(
+    let gate = Arc::new((Mutex::new((0, false)), Condvar::new()));
+    let state = gate.clone();
+    // One free step: the prefill, whose token opens the response. The first decode step then waits at the gate.
+    let (s, start) = unstarted_server_over(
         SchedulerConfig {
             block_size: 4,
             max_cached_prefixes: 0,
@@ -601,7 +670,13 @@ async fn a_client_that_disconnects_mid_stream_cancels_its_request_and_frees_its_
         },
         8,
         None,
+        move |lm| Gated {
+            lm,
+            free_steps: 1,
+            state,
+        },
     );
+    start();
     let mut body = chat_body("Go on forever", 30);
     body["stream"] = json!(true);
     body["temperature"] = json!(1.0);
@@ -614,6 +689,7 @@ async fn a_client_that_disconnects_mid_stream_cancels_its_request_and_frees_its_
     let mut stream = response.into_body();
     stream.frame().await.unwrap().unwrap();
     drop(stream);
+    Gated::open(&gate);
     wait_for(&s, "ember_requests_cancelled_total", 1.0).await;
     assert_eq!(s.metric("ember_running_requests").await, 0.0);
     assert_eq!(s.metric("ember_kv_blocks_used").await, 0.0);
