@@ -7,7 +7,10 @@
 //! `Autodiff<B>` records one graph node per call whose backward step is the inner backend's `*_backward` method
 //! (`src/autodiff.rs`), so training keeps only each call's inputs instead of every intermediate.
 
+use std::ops::Range;
+
 use burn::tensor::{
+    Slice,
     backend::Backend,
     ops::{BoolTensor, FloatTensor, IntTensor},
 };
@@ -204,6 +207,19 @@ pub trait EmberBackend: Backend {
     ) -> FloatTensor<Self> {
         let _ = config;
         portable_rope_rotate::<Self>(x, cos, sin, rotation)
+    }
+
+    /// `tensor` with the block `ranges` (one per dimension) replaced by `value`, as `slice_assign`, written in
+    /// place where the backend can. The KV caches append through it: burn-flex 0.21's `slice_assign` copies the
+    /// whole destination on every call (it clones the buffer's handle before writing, so the write always finds
+    /// it shared), which made every append copy the whole cache of its layer.
+    fn write_block(
+        tensor: FloatTensor<Self>,
+        ranges: &[Range<usize>],
+        value: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let slices: Vec<Slice> = ranges.iter().cloned().map(Slice::from).collect();
+        Self::float_slice_assign(tensor, &slices, value)
     }
 }
 

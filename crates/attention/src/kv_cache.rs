@@ -2,7 +2,7 @@
 
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 
-use crate::AttentionError;
+use crate::{AttentionError, EmberBackend, write_block};
 
 /// Per-layer storage of past keys and values.
 ///
@@ -117,7 +117,7 @@ impl<B: Backend> ContiguousKvCache<B> {
     }
 }
 
-impl<B: Backend> KvCache<B> for ContiguousKvCache<B> {
+impl<B: EmberBackend> KvCache<B> for ContiguousKvCache<B> {
     fn num_layers(&self) -> usize {
         self.layers.len()
     }
@@ -207,7 +207,7 @@ impl<B: Backend> KvCache<B> for ContiguousKvCache<B> {
 }
 
 /// Writes `k`, `v` after the valid positions, doubling the capacity first if they do not fit.
-fn append_to<B: Backend>(
+fn append_to<B: EmberBackend>(
     buffers: LayerBuffers<B>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
@@ -235,8 +235,8 @@ fn append_to<B: Backend>(
         values = grow(values, v_dim);
     }
     LayerBuffers {
-        keys: keys.slice_assign([0..batch, 0..heads, len..end, 0..k_dim], k),
-        values: values.slice_assign([0..batch, 0..heads, len..end, 0..v_dim], v),
+        keys: write_block(keys, [0..batch, 0..heads, len..end, 0..k_dim], k),
+        values: write_block(values, [0..batch, 0..heads, len..end, 0..v_dim], v),
         len: end,
     }
 }

@@ -1,5 +1,8 @@
-//! ember's kernels outside attention as tensor functions (the linear layer, RMSNorm, SwiGLU's gate and the
-//! cross-entropy loss), each one [`EmberBackend`] operation, and the packing of quantized codes.
+//! ember's kernels outside attention as tensor functions (the linear layer, RMSNorm, SwiGLU's gate, the
+//! cross-entropy loss and the KV caches' in-place block write), each one [`EmberBackend`] operation, and the
+//! packing of quantized codes.
+
+use std::ops::Range;
 
 use burn::tensor::{Int, Tensor, TensorPrimitive};
 
@@ -88,6 +91,31 @@ pub fn linear<B: EmberBackend>(
         float(x),
         float(weight),
         bias.map(|b| b.into_primitive().tensor()),
+    );
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+/// `tensor` with the block `ranges` replaced by `value` (`slice_assign`), in place where the backend can, through
+/// [`EmberBackend::write_block`]: what the KV caches append with. Keep `tensor` uniquely owned (move it out of
+/// its holder first) so the write needs no copy.
+///
+/// # Panics
+/// If `value`'s shape is not the block's, as `slice_assign` does.
+pub fn write_block<B: EmberBackend, const D: usize>(
+    tensor: Tensor<B, D>,
+    ranges: [Range<usize>; D],
+    value: Tensor<B, D>,
+) -> Tensor<B, D> {
+    let block: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
+    assert_eq!(
+        value.dims()[..],
+        block[..],
+        "write_block: the value does not match the block"
+    );
+    let out = B::write_block(
+        tensor.into_primitive().tensor(),
+        &ranges,
+        value.into_primitive().tensor(),
     );
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }

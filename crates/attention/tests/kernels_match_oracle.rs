@@ -186,6 +186,36 @@ fn kernels_match_oracle_on_left_padded_causal_batch() {
 }
 
 #[test]
+fn kernels_match_oracle_with_padding_inside_rows() {
+    // Padded keys after a row's first real one (any bool mask is allowed), and a row whose every key is padding
+    // (leading run and holes together): it outputs 0 and passes no gradient. Decode-like (one query per row),
+    // as a server batch attends, and a causal prefill across two query-row blocks of the native kernel.
+    let hidden =
+        |row: usize, keys: &[usize]| keys.iter().map(move |&j| (row, j)).collect::<Vec<_>>();
+    let mut all = hidden(0, &[3, 4, 9]);
+    all.extend(hidden(2, &(2..20).collect::<Vec<_>>()));
+    check_case(
+        &Case {
+            causal: true,
+            offset: 19,
+            left_pad: vec![0, 6, 2],
+            hidden: all,
+            ..case(3, 4, 2, 32, 1, 20)
+        },
+        13,
+    );
+    check_case(
+        &Case {
+            causal: true,
+            left_pad: vec![5, 0],
+            hidden: [hidden(0, &[7, 70, 71]), hidden(1, &[0, 64, 65, 90])].concat(),
+            ..case(2, 2, 1, 16, 96, 96)
+        },
+        14,
+    );
+}
+
+#[test]
 fn kernels_match_oracle_decoding_one_token_with_window_and_gqa() {
     check_case(
         &Case {

@@ -1,7 +1,7 @@
 //! The interface generation needs from a model: run a batch of new tokens over a KV cache, return the logits of
 //! each row's last position.
 
-use burn::tensor::backend::Backend;
+use ember_attention::EmberBackend;
 use ember_optimization::{PagedKvPool, SeqId};
 
 use crate::error::InferenceError;
@@ -48,7 +48,7 @@ pub trait Decoder {
 /// another sequence already holds ([`PagedKvPool::fork`] + [`PagedKvPool::truncate`]).
 pub trait PooledDecoder {
     /// The backend the pool's storage lives on.
-    type Backend: Backend;
+    type Backend: EmberBackend;
 
     /// The number of positions the model can attend over (prompt plus generated tokens).
     fn context_length(&self) -> usize;

@@ -1,8 +1,10 @@
 //! burn-flex's [`EmberBackend`]: every kernel runs natively (`src/cpu/`) where it handles the inputs, else the
-//! portable tensor-op version. Flash attention falls back when a key-padding mask is given (left-padded
-//! batches).
+//! portable tensor-op version. Flash attention falls back for soft-capped scores (Gemma 2).
+
+use std::ops::Range;
 
 use burn::backend::Flex;
+use burn::tensor::Slice;
 use burn::tensor::ops::{BoolTensor, FloatTensor, FloatTensorOps, IntTensor};
 
 use crate::EmberBackend;
@@ -110,8 +112,13 @@ impl EmberBackend for Flex {
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         // The native kernel has no score cap: soft-capped calls (Gemma 2) take the portable kernel, which caps
         // each tile before masking.
-        (key_padding.is_none() && config.softcap.is_none())
-            .then(|| crate::cpu::flash_forward(&q, &k, &v, &config.mask, config.scale))
+        config
+            .softcap
+            .is_none()
+            .then(|| {
+                let padding = key_padding.as_ref();
+                crate::cpu::flash_forward(&q, &k, &v, padding, &config.mask, config.scale)
+            })
             .flatten()
             .unwrap_or_else(|| portable_flash_forward::<Self>(q, k, v, key_padding, config))
     }
@@ -127,11 +134,12 @@ impl EmberBackend for Flex {
         config: FlashConfig,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         // As in the forward pass: capped scores are differentiated by the portable kernel.
-        let native = (key_padding.is_none() && config.softcap.is_none()).then(|| {
+        let native = config.softcap.is_none().then(|| {
             crate::cpu::flash_backward(
                 &q,
                 &k,
                 &v,
+                key_padding.as_ref(),
                 &output,
                 &lse,
                 &grad_output,
@@ -142,6 +150,18 @@ impl EmberBackend for Flex {
         native.flatten().unwrap_or_else(|| {
             portable_flash_backward::<Self>(q, k, v, key_padding, output, lse, grad_output, config)
         })
+    }
+
+    fn write_block(
+        mut tensor: FloatTensor<Self>,
+        ranges: &[Range<usize>],
+        value: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        if crate::cpu::write_block(&mut tensor, ranges, &value) {
+            return tensor;
+        }
+        let slices: Vec<Slice> = ranges.iter().cloned().map(Slice::from).collect();
+        Self::float_slice_assign(tensor, &slices, value)
     }
 
     fn rope_rotate(

@@ -10,6 +10,7 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Shape};
 use rayon::prelude::*;
 
+use super::key_padding::KeyPadding;
 use super::simd::{exp, vectorized};
 use super::{f32_slice, kernel_threads, zeroed};
 
@@ -109,13 +110,21 @@ struct RowBlock {
     n: usize,
 }
 
-/// The query rows of one head in blocks of `ROWS`, each with its key range.
-fn row_blocks<'a>(mask: &'a MaskSpec, d: &Dims) -> impl Iterator<Item = RowBlock> + 'a {
+/// The query rows of one head in blocks of `ROWS`, each with its key range; the first `lead` keys (the head's
+/// leading padding) are outside every range.
+fn row_blocks<'a>(
+    mask: &'a MaskSpec,
+    d: &Dims,
+    lead: usize,
+) -> impl Iterator<Item = RowBlock> + 'a {
     let (q_len, kv_len) = (d.q_len, d.kv_len);
     (0..q_len).step_by(ROWS).map(move |first| {
         let rows = ROWS.min(q_len - first);
         let span: Vec<(usize, usize)> = (first..first + rows)
-            .map(|i| visible(mask, mask.query_offset + i, kv_len))
+            .map(|i| {
+                let (lo, hi) = visible(mask, mask.query_offset + i, kv_len);
+                (lo.max(lead).min(hi), hi)
+            })
             .collect();
         let lo = span.iter().map(|s| s.0).min().unwrap_or(0);
         let hi = span.iter().map(|s| s.1).max().unwrap_or(0).max(lo);
@@ -337,14 +346,23 @@ fn position_major(d: &Dims, len: usize, heads: usize, width: usize) -> FlexTenso
     zeroed(Shape::from(vec![d.batch, len, heads, width]))
 }
 
+/// The padding mask `t` of a call with dims `d`: `Some(None)` without one, `None` when this kernel cannot read it.
+fn padding_of(t: Option<&FlexTensor>, d: &Dims) -> Option<Option<KeyPadding>> {
+    match t {
+        None => Some(None),
+        Some(t) => KeyPadding::of(t, d.batch, d.kv_len).map(Some),
+    }
+}
+
 /// Forward pass: `(output [batch, q_heads, q_len, v_dim], lse [batch, q_heads, q_len])`, or `None` for inputs this
-/// kernel does not take (not f32, a key-padding mask, inconsistent shapes). Same conventions as
-/// [`crate::flash_forward`]: rows with no visible key output 0 with a log-sum-exp of `f32::MIN`. The output is
-/// position-major in memory (see [`super::heads_view`]).
+/// kernel does not take (not f32, inconsistent shapes, a padding mask that is not `[batch, kv_len]` bool). Same
+/// conventions as [`crate::flash_forward`]: rows with no visible key output 0 with a log-sum-exp of `f32::MIN`.
+/// The output is position-major in memory (see [`super::heads_view`]).
 pub(crate) fn flash_forward(
     q: &FlexTensor,
     k: &FlexTensor,
     v: &FlexTensor,
+    key_padding: Option<&FlexTensor>,
     mask: &MaskSpec,
     scale: f64,
 ) -> Option<(FlexTensor, FlexTensor)> {
@@ -352,6 +370,7 @@ pub(crate) fn flash_forward(
     let qh = Heads::of(q, [d.batch, d.q_heads, d.q_len, d.head_dim])?;
     let kh = Heads::of(k, [d.batch, d.kv_heads, d.kv_len, d.head_dim])?;
     let vh = Heads::of(v, [d.batch, d.kv_heads, d.kv_len, d.v_dim])?;
+    let padding = padding_of(key_padding, &d)?;
     let mut out = position_major(&d, d.q_len, d.q_heads, d.v_dim);
     let mut lse = zeroed(Shape::from(vec![d.batch, d.q_heads, d.q_len]));
     let out_rows = HeadsOut::new(&mut out);
@@ -360,16 +379,18 @@ pub(crate) fn flash_forward(
     run_tasks(d.ops() >= PARALLEL_MIN_OPS, d.batch * d.q_heads, |bh| {
         // SAFETY: task `bh` alone takes chunk `bh` of the log-sum-exp.
         let lse = unsafe { lse_chunks.get(bh) };
-        let kv = bh / d.q_heads * d.kv_heads + bh % d.q_heads / d.group();
+        let b = bh / d.q_heads;
+        let kv = b * d.kv_heads + bh % d.q_heads / d.group();
         let ((q, q_rs), (k, k_rs), (v, v_rs)) = (qh.head(bh), kh.head(kv), vh.head(kv));
         let (mut scores, mut block) = (Vec::new(), Vec::new());
+        let lead = padding.as_ref().map_or(0, |p| p.lead(b));
         for RowBlock {
             first,
             rows,
             span,
             lo,
             n,
-        } in row_blocks(mask, &d)
+        } in row_blocks(mask, &d, lead)
         {
             if n == 0 {
                 // No row of the block sees a key: zero output (already zero-filled), lowest log-sum-exp.
@@ -389,16 +410,26 @@ pub(crate) fn flash_forward(
             // Each row: exp(s - max) over its visible keys (0 elsewhere), its sum and log-sum-exp.
             let mut sums = vec![0f32; rows];
             for (r, row) in scores.chunks_exact_mut(n).enumerate() {
-                let (a, b) = (span[r].0 - lo, span[r].1 - lo);
-                if a >= b {
+                let (a, z) = (span[r].0.max(lo) - lo, span[r].1.max(lo) - lo);
+                let z = z.max(a);
+                for j in padding.iter().flat_map(|pad| pad.padded(b, lo + a, z - a)) {
+                    row[a + j] = f32::NEG_INFINITY;
+                }
+                let max = row[a..z].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                if max == f32::NEG_INFINITY {
+                    // No visible key, or only padding: zero output, lowest log-sum-exp.
                     row.fill(0.0);
                     lse[first + r] = f32::MIN;
                     continue;
                 }
-                let max = row[a..b].iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let sum = vectorized!(exp_shifted_sum(&mut row[a..b], max));
+                let mut sum = vectorized!(exp_shifted_sum(&mut row[a..z], max));
+                // `exp` clamps its argument, so a hidden key's weight is tiny, not zero: make it zero.
+                for j in padding.iter().flat_map(|pad| pad.padded(b, lo + a, z - a)) {
+                    sum -= row[a + j];
+                    row[a + j] = 0.0;
+                }
                 row[..a].fill(0.0);
-                row[b..].fill(0.0);
+                row[z..].fill(0.0);
                 sums[r] = sum;
                 lse[first + r] = max + sum.ln();
             }
@@ -437,6 +468,7 @@ pub(crate) fn flash_backward(
     q: &FlexTensor,
     k: &FlexTensor,
     v: &FlexTensor,
+    key_padding: Option<&FlexTensor>,
     output: &FlexTensor,
     lse: &FlexTensor,
     grad_output: &FlexTensor,
@@ -444,6 +476,7 @@ pub(crate) fn flash_backward(
     scale: f64,
 ) -> Option<(FlexTensor, FlexTensor, FlexTensor)> {
     let d = Dims::of(q, k, v)?;
+    let padding = padding_of(key_padding, &d)?;
     let qh = Heads::of(q, [d.batch, d.q_heads, d.q_len, d.head_dim])?;
     let kh = Heads::of(k, [d.batch, d.kv_heads, d.kv_len, d.head_dim])?;
     let vh = Heads::of(v, [d.batch, d.kv_heads, d.kv_len, d.v_dim])?;
@@ -465,6 +498,8 @@ pub(crate) fn flash_backward(
     );
     // One task per (batch, KV head): it owns that head's dk, dv and the dq rows of its `group` query heads.
     run_tasks(d.ops() >= PARALLEL_MIN_OPS, d.batch * d.kv_heads, |bkv| {
+        let b = bkv / d.kv_heads;
+        let lead = padding.as_ref().map_or(0, |p| p.lead(b));
         let ((k, k_rs), (v, v_rs)) = (kh.head(bkv), vh.head(bkv));
         let mut dk_acc = vec![0f32; d.kv_len * d.head_dim];
         let mut dv_acc = vec![0f32; d.kv_len * d.v_dim];
@@ -481,7 +516,7 @@ pub(crate) fn flash_backward(
                 span,
                 lo,
                 n,
-            } in row_blocks(mask, &d)
+            } in row_blocks(mask, &d, lead)
             {
                 if n == 0 {
                     continue;
@@ -512,10 +547,10 @@ pub(crate) fn flash_backward(
                     1.0,
                 );
                 for r in 0..rows {
-                    let (a, b) = (span[r].0.max(lo) - lo, span[r].1.max(lo) - lo);
+                    let (a, z) = (span[r].0.max(lo) - lo, span[r].1.max(lo) - lo);
                     let p = &mut probs[r * n..(r + 1) * n];
                     let dp = &mut grad_probs[r * n..(r + 1) * n];
-                    if a >= b {
+                    if a >= z {
                         p.fill(0.0);
                         dp.fill(0.0);
                         continue;
@@ -527,16 +562,21 @@ pub(crate) fn flash_backward(
                         .map(|(x, y)| x * y)
                         .sum();
                     vectorized!({
-                        for (x, g) in p[a..b].iter_mut().zip(&mut dp[a..b]) {
+                        for (x, g) in p[a..z].iter_mut().zip(&mut dp[a..z]) {
                             *x = exp(*x - l);
                             // dS = P (dP - delta), kept in `grad_probs`.
                             *g = *x * (*g - delta);
                         }
                     });
+                    // Padded keys have no probability and pass no gradient.
+                    for j in padding.iter().flat_map(|pad| pad.padded(b, lo + a, z - a)) {
+                        p[a + j] = 0.0;
+                        dp[a + j] = 0.0;
+                    }
                     p[..a].fill(0.0);
-                    p[b..].fill(0.0);
+                    p[z..].fill(0.0);
                     dp[..a].fill(0.0);
-                    dp[b..].fill(0.0);
+                    dp[z..].fill(0.0);
                 }
                 // dV[lo..hi] += Pᵀ dO
                 gemm(

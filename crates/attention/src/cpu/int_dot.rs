@@ -7,8 +7,11 @@
 //! most half its chunk's scale, so an output moves by at most `Σ_i |w_i| * d_i / 2` (`d_i = max |x| / 127` of
 //! the chunk holding column `i`), about 0.4% of `Σ |w x|` at worst and far less on average.
 //!
-//! Each output channel's blocks are unpacked once per group of up to [`GROUP`] rows, whose chunks then reuse
-//! them from registers; a row's result goes through the same operations in the same order whatever the group,
+//! Each output channel's blocks are unpacked once per group of up to [`GROUP`] rows, and each unpacked chunk is
+//! loaded into registers once (bytes, per-half scales, minimums) for every row of the group, so a row costs its
+//! products and vector multiply-adds only: no scalar arithmetic and no loop-carried scalar sums, which at a
+//! batch of 8 had made the kernel compute-bound at ~2 multiply-adds per cycle. A row's result goes through the
+//! same operations in the same order whatever the group,
 //! so it is bit-identical alone and in a batch. Channels are split across the pool as the float decode path
 //! splits them, and nothing is allocated per call once a thread's activation buffer has grown.
 
@@ -42,14 +45,17 @@ thread_local! {
 pub(super) trait Dot: Copy {
     /// Partial sums of one output.
     type Acc: Copy;
+    /// One unpacked weight chunk as the instruction set holds it, prepared once for every row it meets.
+    type Weight: Copy;
     fn zero(self) -> Self::Acc;
-    /// `acc + Σ_h scale[h] * Σ_{i in half h} w[i] * x[i]`, with `w` unsigned bytes, or `i8` when `SIGNED`.
-    fn madd<const SIGNED: bool>(
+    fn prepare<const SIGNED: bool>(self, w: &IntChunk) -> Self::Weight;
+    /// `acc + Σ_h w.scale[h] * x.d * Σ_{i in half h} w[i] * x[i]`, plus `Σ_h w.min[h] * x.sums[h]` with `MIN`;
+    /// `w` unsigned bytes, or `i8` when `SIGNED`.
+    fn madd<const SIGNED: bool, const MIN: bool>(
         self,
         acc: Self::Acc,
-        w: &[u8; CHUNK_LEN],
-        x: &[i8; CHUNK_LEN],
-        scale: [f32; 2],
+        w: &Self::Weight,
+        x: &Q8Chunk,
     ) -> Self::Acc;
     fn sum(self, acc: Self::Acc) -> f32;
 }
@@ -60,6 +66,7 @@ pub(super) struct Portable;
 
 impl Dot for Portable {
     type Acc = [f32; 2];
+    type Weight = IntChunk;
 
     #[inline(always)]
     fn zero(self) -> [f32; 2] {
@@ -67,19 +74,23 @@ impl Dot for Portable {
     }
 
     #[inline(always)]
-    fn madd<const SIGNED: bool>(
+    fn prepare<const SIGNED: bool>(self, w: &IntChunk) -> IntChunk {
+        *w
+    }
+
+    #[inline(always)]
+    fn madd<const SIGNED: bool, const MIN: bool>(
         self,
         acc: [f32; 2],
-        w: &[u8; CHUNK_LEN],
-        x: &[i8; CHUNK_LEN],
-        scale: [f32; 2],
+        w: &IntChunk,
+        x: &Q8Chunk,
     ) -> [f32; 2] {
         let mut out = acc;
         for (h, out) in out.iter_mut().enumerate() {
             let half = 16 * h..16 * h + 16;
-            let sum: i32 = w[half.clone()]
+            let sum: i32 = w.q[half.clone()]
                 .iter()
-                .zip(&x[half])
+                .zip(&x.q[half])
                 .map(|(&w, &x)| {
                     let w = if SIGNED {
                         i32::from(w as i8)
@@ -89,7 +100,10 @@ impl Dot for Portable {
                     w * i32::from(x)
                 })
                 .sum();
-            *out += scale[h] * sum as f32;
+            *out += w.scale[h] * x.d * sum as f32;
+            if MIN {
+                *out += w.min[h] * x.sums[h];
+            }
         }
         out
     }
@@ -107,7 +121,7 @@ pub(super) use avx2::Avx2;
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{CHUNK_LEN, Dot};
+    use super::{Dot, IntChunk, Q8Chunk};
     use crate::cpu::simd::has_avx2_fma;
 
     /// Proof that the running CPU has AVX2 and FMA: only [`Avx2::detect`] makes one. Its methods are inlined into
@@ -121,8 +135,21 @@ mod avx2 {
         }
     }
 
+    /// A weight chunk in registers: the bytes `maddubs` multiplies (their magnitudes, for signed types, whose
+    /// signs go to the activations), the signs, each half's scale in its four lanes of the sums, and the two
+    /// minimums in lanes 0 and 1 (the lanes the activations' two half sums are broadcast to; every lane is summed
+    /// at the end).
+    #[derive(Clone, Copy, Debug)]
+    pub(in crate::cpu) struct Weight {
+        bytes: __m256i,
+        signs: __m256i,
+        scale: __m256,
+        min: __m256,
+    }
+
     impl Dot for Avx2 {
         type Acc = __m256;
+        type Weight = Weight;
 
         #[inline(always)]
         fn zero(self) -> __m256 {
@@ -131,28 +158,49 @@ mod avx2 {
         }
 
         #[inline(always)]
-        fn madd<const SIGNED: bool>(
+        fn prepare<const SIGNED: bool>(self, w: &IntChunk) -> Weight {
+            // SAFETY: `self` proves AVX2; the load reads exactly the 32 bytes of `w.q`.
+            unsafe {
+                let q = _mm256_loadu_si256(w.q.as_ptr().cast());
+                Weight {
+                    bytes: if SIGNED { _mm256_sign_epi8(q, q) } else { q },
+                    signs: q,
+                    scale: _mm256_setr_m128(_mm_set1_ps(w.scale[0]), _mm_set1_ps(w.scale[1])),
+                    min: _mm256_setr_ps(w.min[0], w.min[1], 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+                }
+            }
+        }
+
+        #[inline(always)]
+        fn madd<const SIGNED: bool, const MIN: bool>(
             self,
             acc: __m256,
-            w: &[u8; CHUNK_LEN],
-            x: &[i8; CHUNK_LEN],
-            scale: [f32; 2],
+            w: &Weight,
+            x: &Q8Chunk,
         ) -> __m256 {
-            // SAFETY: `self` proves AVX2 and FMA; both loads read exactly the 32 bytes of their arrays.
+            // SAFETY: `self` proves AVX2 and FMA; the loads read the 32 bytes of `x.q`, `x.d` and the 8 bytes of
+            // `x.sums` (unaligned).
             unsafe {
-                let w = _mm256_loadu_si256(w.as_ptr().cast());
-                let x = _mm256_loadu_si256(x.as_ptr().cast());
+                let q = _mm256_loadu_si256(x.q.as_ptr().cast());
                 // `maddubs` multiplies unsigned by signed bytes; signed weights give their sign to the activation
                 // (|w| <= 128 and |x| <= 127 keep every pair sum within i16).
                 let pairs = if SIGNED {
-                    _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+                    _mm256_maddubs_epi16(w.bytes, _mm256_sign_epi8(q, w.signs))
                 } else {
-                    _mm256_maddubs_epi16(w, x)
+                    _mm256_maddubs_epi16(w.bytes, q)
                 };
                 // Lanes 0..4 hold the first half's sums, 4..8 the second's: one scale each.
                 let sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-                let scale = _mm256_setr_m128(_mm_set1_ps(scale[0]), _mm_set1_ps(scale[1]));
-                _mm256_fmadd_ps(sums, scale, acc)
+                let scale = _mm256_mul_ps(w.scale, _mm256_broadcast_ss(&x.d));
+                let acc = _mm256_fmadd_ps(sums, scale, acc);
+                if MIN {
+                    // Both half sums in every pair of lanes: one 8-byte broadcast (`sums` need not be 8-aligned).
+                    let pair = std::ptr::read_unaligned(x.sums.as_ptr().cast::<i64>());
+                    let halves = _mm256_castsi256_ps(_mm256_set1_epi64x(pair));
+                    _mm256_fmadd_ps(w.min, halves, acc)
+                } else {
+                    acc
+                }
             }
         }
 
@@ -317,7 +365,6 @@ fn group<D: Dot, U: Unpack, const R: usize>(
     let rows = &plan.activations[first * per_row..(first + R) * per_row];
     let mut chunks = [IntChunk::default(); SPAN];
     let mut acc = [dot.zero(); R];
-    let mut mins = [0f32; R];
     for (s, span) in row.chunks(SPAN / per_block * block_bytes).enumerate() {
         let n = span.len() / block_bytes * per_block;
         for (block, chunks) in span
@@ -327,24 +374,25 @@ fn group<D: Dot, U: Unpack, const R: usize>(
             U::unpack(block, chunks);
         }
         for (c, w) in chunks[..n].iter().enumerate() {
-            for (r, (acc, min)) in acc.iter_mut().zip(&mut mins).enumerate() {
+            // `U::SIGNED` is a constant: one arm survives, and signed types have no minimum.
+            let w = if U::SIGNED {
+                dot.prepare::<true>(w)
+            } else {
+                dot.prepare::<false>(w)
+            };
+            for (r, acc) in acc.iter_mut().enumerate() {
                 let a = &rows[r * per_row + s * SPAN + c];
-                let scale = [w.scale[0] * a.d, w.scale[1] * a.d];
-                // `U::SIGNED` is a constant: one arm survives.
                 *acc = if U::SIGNED {
-                    dot.madd::<true>(*acc, &w.q, &a.q, scale)
+                    dot.madd::<true, false>(*acc, &w, a)
                 } else {
-                    dot.madd::<false>(*acc, &w.q, &a.q, scale)
+                    dot.madd::<false, true>(*acc, &w, a)
                 };
-                if !U::SIGNED {
-                    *min += w.min[0] * a.sums[0] + w.min[1] * a.sums[1];
-                }
             }
         }
     }
     let mut sums = [0f32; R];
-    for ((sum, acc), min) in sums.iter_mut().zip(acc).zip(mins) {
-        *sum = dot.sum(acc) + min;
+    for (sum, acc) in sums.iter_mut().zip(acc) {
+        *sum = dot.sum(acc);
     }
     sums
 }

@@ -11,6 +11,7 @@ mod cross_entropy;
 mod flash;
 mod ggml;
 mod int_dot;
+mod key_padding;
 mod linear;
 mod norm;
 mod q8;
@@ -19,6 +20,7 @@ mod rope;
 mod simd;
 mod spin_pool;
 mod swiglu;
+mod write;
 
 pub(crate) use cross_entropy::{cross_entropy, cross_entropy_backward};
 pub(crate) use flash::{flash_backward, flash_forward};
@@ -28,6 +30,7 @@ pub(crate) use norm::{rms_norm, rms_norm_backward};
 pub(crate) use quantized::quantized_dense;
 pub(crate) use rope::rope_rotate;
 pub(crate) use swiglu::{swiglu, swiglu_backward};
+pub(crate) use write::write_block;
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -22,6 +22,8 @@ pub struct Case {
     pub window: Option<usize>,
     /// Left-padding length of each batch row (empty: no padding mask).
     pub left_pad: Vec<usize>,
+    /// Further padded keys `(batch row, key)` anywhere in a row (with or without `left_pad`).
+    pub hidden: Vec<(usize, usize)>,
     /// Soft cap of the scaled scores (`None`: uncapped).
     pub softcap: Option<f64>,
 }
@@ -47,6 +49,7 @@ impl Case {
             offset: 0,
             window: None,
             left_pad: Vec::new(),
+            hidden: Vec::new(),
             softcap: None,
         }
     }
@@ -72,15 +75,19 @@ impl Case {
         let pos = self.offset + i;
         let causal_ok = !self.causal || j <= pos;
         let window_ok = self.window.is_none_or(|w| j + w > pos);
-        let pad_ok = self.left_pad.get(b).is_none_or(|&pad| j >= pad);
-        causal_ok && window_ok && pad_ok
+        causal_ok && window_ok && !self.is_padding(b, j)
+    }
+
+    /// Whether key `j` of batch row `b` is padding.
+    pub fn is_padding(&self, b: usize, j: usize) -> bool {
+        self.left_pad.get(b).is_some_and(|&pad| j < pad) || self.hidden.contains(&(b, j))
     }
 
     /// The `[batch, kv_len]` padding mask (`true` = padding), if the case has one.
     pub fn padding(&self) -> Option<Vec<bool>> {
-        (!self.left_pad.is_empty()).then(|| {
+        (!self.left_pad.is_empty() || !self.hidden.is_empty()).then(|| {
             (0..self.batch)
-                .flat_map(|b| (0..self.kv_len).map(move |j| j < self.left_pad[b]))
+                .flat_map(|b| (0..self.kv_len).map(move |j| self.is_padding(b, j)))
                 .collect()
         })
     }

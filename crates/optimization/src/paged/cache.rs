@@ -2,7 +2,7 @@
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use ember_attention::{AttentionError, KvCache};
+use ember_attention::{AttentionError, EmberBackend, KvCache};
 
 use crate::error::PoolError;
 use crate::paged::blocks::SeqId;
@@ -27,7 +27,7 @@ pub struct PagedKvCache<'pool, B: Backend> {
     skip: Vec<usize>,
 }
 
-impl<B: Backend> PagedKvPool<B> {
+impl<B: EmberBackend> PagedKvPool<B> {
     /// A [`KvCache`] over `seqs` (e.g. forks of one prompt, or the rows of a batch). With no
     /// sequences, the first append creates one per batch row.
     pub fn cache(&mut self, seqs: Vec<SeqId>) -> Result<PagedKvCache<'_, B>, PoolError> {
@@ -57,7 +57,7 @@ impl<B: Backend> PagedKvCache<'_, B> {
     }
 }
 
-impl<B: Backend> KvCache<B> for PagedKvCache<'_, B> {
+impl<B: EmberBackend> KvCache<B> for PagedKvCache<'_, B> {
     fn num_layers(&self) -> usize {
         self.pool.config().num_layers
     }

@@ -3,6 +3,8 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor, TensorData};
 
+use ember_attention::{EmberBackend, write_block};
+
 use crate::error::PoolError;
 use crate::paged::blocks::{BlockCopy, BlockManager, PoolStats, SeqId};
 
@@ -109,7 +111,7 @@ pub struct PagedKvPool<B: Backend> {
     max_blocks: usize,
 }
 
-impl<B: Backend> PagedKvPool<B> {
+impl<B: EmberBackend> PagedKvPool<B> {
     /// Allocates `config.budget_bytes / block_bytes` blocks of zeros on `device`.
     pub fn new(config: PagedKvConfig, device: &B::Device) -> Result<Self, PoolError> {
         let PagedKvConfig {
@@ -269,10 +271,10 @@ impl<B: Backend> PagedKvPool<B> {
             let value_rows = v.clone().narrow(0, pos - start, run);
             let slots = slot..slot + run;
             replace(&mut self.keys[layer], |t| {
-                t.slice_assign([slots.clone(), 0..heads, 0..k_dim], key_rows)
+                write_block(t, [slots.clone(), 0..heads, 0..k_dim], key_rows)
             });
             replace(&mut self.values[layer], |t| {
-                t.slice_assign([slots, 0..heads, 0..v_dim], value_rows)
+                write_block(t, [slots, 0..heads, 0..v_dim], value_rows)
             });
             pos += run;
         }
@@ -369,7 +371,7 @@ impl<B: Backend> PagedKvPool<B> {
             let block = storage.clone().select(0, index.clone());
             let [_, heads, dim] = storage.dims();
             replace(storage, |t| {
-                t.slice_assign([to.clone(), 0..heads, 0..dim], block)
+                write_block(t, [to.clone(), 0..heads, 0..dim], block)
             });
         }
     }

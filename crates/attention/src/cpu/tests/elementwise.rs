@@ -396,3 +396,59 @@ fn rms_norm_gradients_match_autodiff_through_tensor_ops() {
         }
     }
 }
+
+/// `write_block` equals `slice_assign` on every dimension count and block position, writes a uniquely owned f32
+/// tensor in place (its buffer keeps its address: a KV-cache append must not copy the cache), and leaves a
+/// shared tensor untouched, copying it as `slice_assign` does.
+#[test]
+fn write_block_equals_slice_assign_and_writes_a_unique_tensor_in_place() {
+    use std::ops::Range;
+
+    use crate::write_block;
+
+    fn check<const D: usize>(shape: [usize; D], block: [Range<usize>; D], seed: u64) {
+        let dst = tensor::<Flex, D>(shape, seed, 1.0);
+        let value = tensor::<Flex, D>(block.clone().map(|r| r.len()), seed + 1, 1.0);
+        let expected = floats(dst.clone().slice_assign(block.clone(), value.clone()));
+        let address = |t: &Tensor<Flex, D>| {
+            t.clone()
+                .into_primitive()
+                .tensor()
+                .storage::<f32>()
+                .as_ptr()
+        };
+        let before = address(&dst);
+        let written = write_block(dst, block.clone(), value.clone());
+        assert_eq!(
+            address(&written),
+            before,
+            "{shape:?} {block:?}: the buffer was copied"
+        );
+        assert_eq!(floats(written), expected, "{shape:?} {block:?}");
+    }
+    check([7], [2..5], 1);
+    check([5, 6], [1..4, 0..6], 2);
+    check([4, 3, 8], [2..4, 0..3, 0..8], 3);
+    check([2, 3, 9, 4], [0..2, 1..3, 5..9, 1..3], 4);
+    check([2, 3, 9, 4], [1..2, 0..3, 0..0, 0..4], 5);
+
+    // A transposed (strided) value is read through its layout, as the caches' swapped K/V rows are.
+    let dst = tensor::<Flex, 3>([4, 3, 8], 8, 1.0);
+    let value = tensor::<Flex, 3>([3, 2, 8], 9, 1.0).swap_dims(0, 1);
+    let expected = floats(dst.clone().slice_assign([2..4, 0..3, 0..8], value.clone()));
+    assert_eq!(
+        floats(write_block(dst, [2..4, 0..3, 0..8], value)),
+        expected
+    );
+
+    let dst = tensor::<Flex, 2>([3, 4], 6, 1.0);
+    let original = floats(dst.clone());
+    let shared = dst.clone();
+    let written = write_block(dst, [1..2, 0..4], tensor::<Flex, 2>([1, 4], 7, 1.0));
+    assert_eq!(
+        floats(shared),
+        original,
+        "a shared tensor must not change under its other holder"
+    );
+    assert_ne!(floats(written), original);
+}

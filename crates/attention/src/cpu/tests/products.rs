@@ -179,6 +179,7 @@ fn native_flash_case(
         &primitive(q.clone()),
         &primitive(k.clone()),
         &primitive(v.clone()),
+        None,
         &mask,
         config.scale,
     )
@@ -187,6 +188,7 @@ fn native_flash_case(
         &primitive(q.clone()),
         &primitive(k.clone()),
         &primitive(v.clone()),
+        None,
         &out,
         &lse,
         &primitive(grad.clone()),

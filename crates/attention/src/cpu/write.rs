@@ -1,0 +1,65 @@
+//! Writing a block of a tensor in place, for the KV caches' appends ([`crate::EmberBackend::write_block`]).
+
+use std::ops::Range;
+
+use burn::backend::flex::FlexTensor;
+use burn::tensor::DType;
+
+/// Writes `value` into the block `ranges` of `dst` in place and returns `true`, or returns `false` (changing
+/// nothing) when `dst` is not a uniquely owned, contiguous f32 tensor, `value` is not f32, or the shapes do not
+/// match: the caller then copies the usual way.
+pub(crate) fn write_block(
+    dst: &mut FlexTensor,
+    ranges: &[Range<usize>],
+    value: &FlexTensor,
+) -> bool {
+    let shape = dst.layout().shape().clone();
+    let dims = shape.num_dims();
+    let value_shape = value.layout().shape();
+    let fits = dims > 0
+        && ranges.len() == dims
+        && value_shape.num_dims() == dims
+        && ranges
+            .iter()
+            .enumerate()
+            .all(|(d, r)| r.start <= r.end && r.end <= shape[d] && r.len() == value_shape[d]);
+    if !fits
+        || dst.dtype() != DType::F32
+        || value.dtype() != DType::F32
+        || !dst.layout().is_contiguous()
+        || dst.layout().start_offset() != 0
+    {
+        return false;
+    }
+    if ranges.iter().any(|r| r.is_empty()) {
+        return true;
+    }
+    // Contiguous with the whole buffer: its storage holds exactly the block's elements in row-major order.
+    let value = value.to_contiguous();
+    let src = value.storage::<f32>();
+    let Some(dst) = dst.try_storage_mut::<f32>() else {
+        return false;
+    };
+    let mut strides = vec![1usize; dims];
+    for d in (0..dims - 1).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1];
+    }
+    // Copy one innermost run at a time, walking the outer indices like an odometer.
+    let run = ranges[dims - 1].len();
+    let mut index = vec![0usize; dims - 1];
+    for piece in src.chunks_exact(run) {
+        let at = ranges[dims - 1].start
+            + (0..dims - 1)
+                .map(|d| (ranges[d].start + index[d]) * strides[d])
+                .sum::<usize>();
+        dst[at..at + run].copy_from_slice(piece);
+        for d in (0..dims - 1).rev() {
+            index[d] += 1;
+            if index[d] < ranges[d].len() {
+                break;
+            }
+            index[d] = 0;
+        }
+    }
+    true
+}
