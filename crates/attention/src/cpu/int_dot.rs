@@ -9,10 +9,9 @@
 //!
 //! Each output channel's blocks are unpacked once per group of up to [`GROUP`] rows, and each unpacked chunk is
 //! loaded into registers once (bytes, per-half scales, minimums) for every row of the group, so a row costs its
-//! products and vector multiply-adds only: no scalar arithmetic and no loop-carried scalar sums, which at a
-//! batch of 8 had made the kernel compute-bound at ~2 multiply-adds per cycle. A row's result goes through the
-//! same operations in the same order whatever the group,
-//! so it is bit-identical alone and in a batch. Channels are split across the pool as the float decode path
+//! products and vector multiply-adds only: no scalar arithmetic and no loop-carried scalar sums (a profile of
+//! batched decode had shown those as the kernel's hottest instructions). A row's result goes through the same
+//! operations in the same order whatever the group, so it is bit-identical alone and in a batch. Channels are split across the pool as the float decode path
 //! splits them, and nothing is allocated per call once a thread's activation buffer has grown.
 
 use std::cell::Cell;
