@@ -25,7 +25,7 @@ use super::q8::{Q8Chunk, quantize};
 use super::quantized::CHANNELS_PER_TASK;
 use super::simd::vectorized;
 use crate::ggml::GgmlMatrix;
-use crate::ggml::unpack::{CHUNK_LEN, IntChunk, Unpack, with_unpacker};
+use crate::ggml::unpack::{CHUNK_LEN, F16Reader, IntChunk, SoftF16, Unpack, with_unpacker};
 
 /// Rows sharing one unpacking of a weight block: four f32x8 accumulators leave AVX2's sixteen registers room
 /// for the weights and the products.
@@ -40,8 +40,9 @@ thread_local! {
     static ACTIVATIONS: Cell<Vec<Q8Chunk>> = const { Cell::new(Vec::new()) };
 }
 
-/// A multiply-add of 32 integer weights with 32 activations, per instruction set.
-pub(super) trait Dot: Copy {
+/// A multiply-add of 32 integer weights with 32 activations, per instruction set, which also widens the blocks'
+/// f16 scales as it best can.
+pub(super) trait Dot: F16Reader {
     /// Partial sums of one output.
     type Acc: Copy;
     /// One unpacked weight chunk as the instruction set holds it, prepared once for every row it meets.
@@ -56,12 +57,20 @@ pub(super) trait Dot: Copy {
         w: &Self::Weight,
         x: &Q8Chunk,
     ) -> Self::Acc;
-    fn sum(self, acc: Self::Acc) -> f32;
+    /// The total of both accumulators of an output (even and odd chunks).
+    fn sum(self, acc: [Self::Acc; 2]) -> f32;
 }
 
 /// Plain Rust, for CPUs without AVX2 (and the oracle the AVX2 path is tested against).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Portable;
+
+impl F16Reader for Portable {
+    #[inline(always)]
+    fn f16(self, b: &[u8], at: usize) -> f32 {
+        SoftF16.f16(b, at)
+    }
+}
 
 impl Dot for Portable {
     type Acc = [f32; 2];
@@ -108,8 +117,8 @@ impl Dot for Portable {
     }
 
     #[inline(always)]
-    fn sum(self, acc: [f32; 2]) -> f32 {
-        acc[0] + acc[1]
+    fn sum(self, acc: [[f32; 2]; 2]) -> f32 {
+        (acc[0][0] + acc[1][0]) + (acc[0][1] + acc[1][1])
     }
 }
 
@@ -120,17 +129,27 @@ pub(super) use avx2::Avx2;
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{Dot, IntChunk, Q8Chunk};
+    use super::{Dot, F16Reader, IntChunk, Q8Chunk};
     use crate::cpu::simd::has_avx2_fma;
 
-    /// Proof that the running CPU has AVX2 and FMA: only [`Avx2::detect`] makes one. Its methods are inlined into
-    /// functions compiled with those features (`run_avx2`), where the intrinsics become single instructions.
+    /// Proof that the running CPU has AVX2, FMA and F16C (every AVX2 CPU made has F16C, but it is a separate
+    /// flag): only [`Avx2::detect`] makes one. Its methods are inlined into functions compiled with those
+    /// features (`typed_avx2`), where the intrinsics become single instructions.
     #[derive(Clone, Copy, Debug)]
     pub(in crate::cpu) struct Avx2(());
 
     impl Avx2 {
         pub(in crate::cpu) fn detect() -> Option<Self> {
-            has_avx2_fma().then_some(Self(()))
+            (has_avx2_fma() && std::arch::is_x86_feature_detected!("f16c")).then_some(Self(()))
+        }
+    }
+
+    impl F16Reader for Avx2 {
+        #[inline(always)]
+        fn f16(self, b: &[u8], at: usize) -> f32 {
+            let h = u16::from_le_bytes([b[at], b[at + 1]]);
+            // SAFETY: `self` proves F16C; `vcvtph2ps` widens exactly, as `f16_at` does.
+            unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h)))) }
         }
     }
 
@@ -204,9 +223,10 @@ mod avx2 {
         }
 
         #[inline(always)]
-        fn sum(self, acc: __m256) -> f32 {
+        fn sum(self, acc: [__m256; 2]) -> f32 {
             // SAFETY: `self` proves AVX.
             unsafe {
+                let acc = _mm256_add_ps(acc[0], acc[1]);
                 let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
                 let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
                 _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
@@ -311,7 +331,7 @@ fn run_typed<U: Unpack>(plan: &Plan<'_>, channels: Range<usize>) {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn typed_avx2<U: Unpack>(avx2: Avx2, plan: &Plan<'_>, channels: Range<usize>) {
     type_channels::<Avx2, U>(avx2, plan, channels)
 }
@@ -363,29 +383,34 @@ fn group<D: Dot, U: Unpack, const R: usize>(
     let per_row = cols / CHUNK_LEN;
     let rows = &plan.activations[first * per_row..(first + R) * per_row];
     let mut chunks = [IntChunk::default(); SPAN];
-    let mut acc = [dot.zero(); R];
+    // Even and odd chunks add into separate accumulators: one row's multiply-adds would otherwise form a single
+    // dependency chain, two FMA latencies per chunk, which bounded single-stream decode.
+    let mut acc = [[dot.zero(); 2]; R];
     for (s, span) in row.chunks(SPAN / per_block * block_bytes).enumerate() {
         let n = span.len() / block_bytes * per_block;
         for (block, chunks) in span
             .chunks_exact(block_bytes)
             .zip(chunks.chunks_exact_mut(per_block))
         {
-            U::unpack(block, chunks);
+            U::unpack(dot, block, chunks);
         }
-        for (c, w) in chunks[..n].iter().enumerate() {
-            // `U::SIGNED` is a constant: one arm survives, and signed types have no minimum.
-            let w = if U::SIGNED {
-                dot.prepare::<true>(w)
-            } else {
-                dot.prepare::<false>(w)
-            };
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let a = &rows[r * per_row + s * SPAN + c];
-                *acc = if U::SIGNED {
-                    dot.madd::<true, false>(*acc, &w, a)
+        // `SPAN` is even, so a chunk's parity within its span is its parity within the row.
+        for (c, pair) in chunks[..n].chunks(2).enumerate() {
+            for (k, w) in pair.iter().enumerate() {
+                // `U::SIGNED` is a constant: one arm survives, and signed types have no minimum.
+                let w = if U::SIGNED {
+                    dot.prepare::<true>(w)
                 } else {
-                    dot.madd::<false, true>(*acc, &w, a)
+                    dot.prepare::<false>(w)
                 };
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let a = &rows[r * per_row + s * SPAN + 2 * c + k];
+                    acc[k] = if U::SIGNED {
+                        dot.madd::<true, false>(acc[k], &w, a)
+                    } else {
+                        dot.madd::<false, true>(acc[k], &w, a)
+                    };
+                }
             }
         }
     }

@@ -38,6 +38,26 @@ impl IntChunk {
     }
 }
 
+/// How an unpacker widens its blocks' f16 scales: by bits ([`SoftF16`]) or, where the CPU has it, by F16C's
+/// `vcvtph2ps` (the kernel's instruction set implements this). In the decode kernel's profile the bit-level
+/// widening compiled to about a dozen vector shifts, compares and blends per scale, once per 32 weights; F16C
+/// does it in one instruction.
+pub(crate) trait F16Reader: Copy {
+    /// The little-endian f16 at byte `at` of `b`, widened exactly to f32.
+    fn f16(self, b: &[u8], at: usize) -> f32;
+}
+
+/// [`F16Reader`] on any CPU: [`f16_at`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SoftF16;
+
+impl F16Reader for SoftF16 {
+    #[inline(always)]
+    fn f16(self, b: &[u8], at: usize) -> f32 {
+        f16_at(b, at)
+    }
+}
+
 /// One block type's unpacking, with its geometry as constants, so the kernel's block loops compile to fixed
 /// strides (a geometry read at run time put an integer division in the hot loop).
 pub(crate) trait Unpack {
@@ -47,8 +67,8 @@ pub(crate) trait Unpack {
     const BLOCK_BYTES: usize;
     /// Chunks of one block: 1 for the legacy types, 8 for a K-quant super-block.
     const CHUNKS: usize;
-    /// Expands one block into `out[..CHUNKS]`.
-    fn unpack(block: &[u8], out: &mut [IntChunk]);
+    /// Expands one block into `out[..CHUNKS]`, its f16 scales read by `h`.
+    fn unpack<H: F16Reader>(h: H, block: &[u8], out: &mut [IntChunk]);
 }
 
 macro_rules! unpackers {
@@ -61,8 +81,8 @@ macro_rules! unpackers {
             const BLOCK_BYTES: usize = $bytes;
             const CHUNKS: usize = $chunks;
             #[inline(always)]
-            fn unpack(block: &[u8], out: &mut [IntChunk]) {
-                $fun(block, out)
+            fn unpack<H: F16Reader>(h: H, block: &[u8], out: &mut [IntChunk]) {
+                $fun(h, block, out)
             }
         }
     )*};
@@ -203,23 +223,23 @@ fn five_bits(qs: &[u8], qh: u32) -> [u64; 4] {
 
 /// Q4_0 `[d][qs: 16]`: `w = d * q - 8 d`.
 #[inline(always)]
-pub(crate) fn q4_0(b: &[u8], out: &mut [IntChunk]) {
-    let d = f16_at(b, 0);
+pub(crate) fn q4_0<H: F16Reader>(h: H, b: &[u8], out: &mut [IntChunk]) {
+    let d = h.f16(b, 0);
     store(&mut out[0].q, nibbles(&b[2..18]));
     out[0].set_map(d, -8.0 * d);
 }
 
 /// Q4_1 `[d][m][qs: 16]`: `w = d * q + m`.
 #[inline(always)]
-pub(crate) fn q4_1(b: &[u8], out: &mut [IntChunk]) {
+pub(crate) fn q4_1<H: F16Reader>(h: H, b: &[u8], out: &mut [IntChunk]) {
     store(&mut out[0].q, nibbles(&b[4..20]));
-    out[0].set_map(f16_at(b, 0), f16_at(b, 2));
+    out[0].set_map(h.f16(b, 0), h.f16(b, 2));
 }
 
 /// Q5_0 `[d][qh: u32][qs: 16]`: `w = d * q - 16 d`.
 #[inline(always)]
-pub(crate) fn q5_0(b: &[u8], out: &mut [IntChunk]) {
-    let d = f16_at(b, 0);
+pub(crate) fn q5_0<H: F16Reader>(h: H, b: &[u8], out: &mut [IntChunk]) {
+    let d = h.f16(b, 0);
     let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
     store(&mut out[0].q, five_bits(&b[6..22], qh));
     out[0].set_map(d, -16.0 * d);
@@ -227,17 +247,17 @@ pub(crate) fn q5_0(b: &[u8], out: &mut [IntChunk]) {
 
 /// Q5_1 `[d][m][qh: u32][qs: 16]`: `w = d * q + m`.
 #[inline(always)]
-pub(crate) fn q5_1(b: &[u8], out: &mut [IntChunk]) {
+pub(crate) fn q5_1<H: F16Reader>(h: H, b: &[u8], out: &mut [IntChunk]) {
     let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
     store(&mut out[0].q, five_bits(&b[8..24], qh));
-    out[0].set_map(f16_at(b, 0), f16_at(b, 2));
+    out[0].set_map(h.f16(b, 0), h.f16(b, 2));
 }
 
 /// Q8_0 `[d][qs: i8 x 32]`, signed: `w = d * q`.
 #[inline(always)]
-pub(crate) fn q8_0(b: &[u8], out: &mut [IntChunk]) {
+pub(crate) fn q8_0<H: F16Reader>(h: H, b: &[u8], out: &mut [IntChunk]) {
     out[0].q.copy_from_slice(&b[2..34]);
-    out[0].set_map(f16_at(b, 0), 0.0);
+    out[0].set_map(h.f16(b, 0), 0.0);
 }
 
 /// The signed IQ4 levels of the 16 index bytes `qs` (nibbles ordered as Q4_0's).
@@ -250,17 +270,17 @@ fn iq4_levels(qs: &[u8], q: &mut [u8; CHUNK_LEN]) {
 
 /// IQ4_NL `[d][qs: 16]`, signed: `w = d * level`.
 #[inline(always)]
-pub(crate) fn iq4_nl(b: &[u8], out: &mut [IntChunk]) {
+pub(crate) fn iq4_nl<H: F16Reader>(h: H, b: &[u8], out: &mut [IntChunk]) {
     iq4_levels(&b[2..18], &mut out[0].q);
-    out[0].set_map(f16_at(b, 0), 0.0);
+    out[0].set_map(h.f16(b, 0), 0.0);
 }
 
 /// Q2_K `[scales: 16][qs: 64][d][dmin]`: chunk `c` is bit pair `c % 4` of `qs[32 (c / 4)..][..32]`; 16-element
 /// sub-block `s` maps `w = (d * (sc_s & 15)) * q - dmin * (sc_s >> 4)`.
 #[inline(always)]
-pub(crate) fn q2_k(b: &[u8], out: &mut [IntChunk]) {
+pub(crate) fn q2_k<H: F16Reader>(h: H, b: &[u8], out: &mut [IntChunk]) {
     let (scales, qs) = (&b[0..16], &b[16..80]);
-    let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
+    let (d, dmin) = (h.f16(b, 80), h.f16(b, 82));
     for (c, chunk) in out[..8].iter_mut().enumerate() {
         let shift = 2 * (c % 4) as u32;
         store(&mut chunk.q, fields(&qs[32 * (c / 4)..], shift, 0x03));
@@ -275,9 +295,9 @@ pub(crate) fn q2_k(b: &[u8], out: &mut [IntChunk]) {
 /// Q3_K `[hmask: 32][qs: 64][scales: 12][d]`: chunk `c` takes bit pair `c % 4` of `qs[32 (c / 4)..][..32]` plus 4
 /// where bit `c` of `hmask[l]` is set, so `q` is the reference's value plus 4: `w = scale_s * q - 4 scale_s`.
 #[inline(always)]
-pub(crate) fn q3_k(b: &[u8], out: &mut [IntChunk]) {
+pub(crate) fn q3_k<H: F16Reader>(h: H, b: &[u8], out: &mut [IntChunk]) {
     let (hmask, qs, scales) = (&b[0..32], &b[32..96], &b[96..108]);
-    let d = f16_at(b, 108);
+    let d = h.f16(b, 108);
     for (c, chunk) in out[..8].iter_mut().enumerate() {
         let low: [u64; 4] = fields(&qs[32 * (c / 4)..], 2 * (c % 4) as u32, 0x03);
         let high: [u64; 4] = fields(hmask, c as u32, 0x01);
@@ -297,8 +317,8 @@ pub(crate) fn q3_k(b: &[u8], out: &mut [IntChunk]) {
 /// `w = (d * sc) * q - dmin * m`; its integers are the low (even `j`) or high (odd) nibbles of
 /// `qs[32 (j / 2)..][..32]`, plus, for Q5_K, bit `j` of `qh[l]` as bit 4.
 #[inline(always)]
-fn k4_family(b: &[u8], out: &mut [IntChunk], qs: &[u8], qh: Option<&[u8]>) {
-    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+fn k4_family<H: F16Reader>(h: H, b: &[u8], out: &mut [IntChunk], qs: &[u8], qh: Option<&[u8]>) {
+    let (d, dmin) = (h.f16(b, 0), h.f16(b, 2));
     let scales = &b[4..16];
     for (j, chunk) in out[..8].iter_mut().enumerate() {
         let (sc, m) = scale_min_k4(scales, j);
@@ -317,23 +337,23 @@ fn k4_family(b: &[u8], out: &mut [IntChunk], qs: &[u8], qh: Option<&[u8]>) {
 
 /// Q4_K `[d][dmin][scales: 12][qs: 128]`.
 #[inline(always)]
-pub(crate) fn q4_k(b: &[u8], out: &mut [IntChunk]) {
-    k4_family(b, out, &b[16..144], None);
+pub(crate) fn q4_k<H: F16Reader>(h: H, b: &[u8], out: &mut [IntChunk]) {
+    k4_family(h, b, out, &b[16..144], None);
 }
 
 /// Q5_K `[d][dmin][scales: 12][qh: 32][qs: 128]`.
 #[inline(always)]
-pub(crate) fn q5_k(b: &[u8], out: &mut [IntChunk]) {
-    k4_family(b, out, &b[48..176], Some(&b[16..48]));
+pub(crate) fn q5_k<H: F16Reader>(h: H, b: &[u8], out: &mut [IntChunk]) {
+    k4_family(h, b, out, &b[48..176], Some(&b[16..48]));
 }
 
 /// Q6_K `[ql: 128][qh: 64][scales: i8 x 16][d]`: chunk `c` of half `h = c / 4` takes its low nibbles from
 /// `ql[64 h + 32 ((c % 4) % 2)..][..32]` (the high nibbles for `c % 4 >= 2`) and its top bits from bit pair
 /// `c % 4` of `qh[32 h..][..32]`; sub-block `s` maps `w = scale_s * q - 32 scale_s`, `scale_s = d * sc_s`.
 #[inline(always)]
-pub(crate) fn q6_k(b: &[u8], out: &mut [IntChunk]) {
+pub(crate) fn q6_k<H: F16Reader>(h: H, b: &[u8], out: &mut [IntChunk]) {
     let (ql, qh, scales) = (&b[0..128], &b[128..192], &b[192..208]);
-    let d = f16_at(b, 208);
+    let d = h.f16(b, 208);
     for (c, chunk) in out[..8].iter_mut().enumerate() {
         let (h, k) = (c / 4, c % 4);
         let low: [u64; 4] = fields(&ql[64 * h + 32 * (k % 2)..], 4 * (k / 2) as u32, 0x0F);
@@ -353,8 +373,8 @@ pub(crate) fn q6_k(b: &[u8], out: &mut [IntChunk]) {
 /// IQ4_XS `[d][scales_h: u16][scales_l: 4][qs: 128]`, signed: sub-block `s` of 32 is
 /// `w = (d * (sc_s - 32)) * level` with the IQ4_NL levels of `qs[16 s..][..16]`.
 #[inline(always)]
-pub(crate) fn iq4_xs(b: &[u8], out: &mut [IntChunk]) {
-    let d = f16_at(b, 0);
+pub(crate) fn iq4_xs<H: F16Reader>(h: H, b: &[u8], out: &mut [IntChunk]) {
+    let d = h.f16(b, 0);
     let scales_h = u16::from_le_bytes([b[2], b[3]]);
     let (scales_l, qs) = (&b[4..8], &b[8..136]);
     for (s, chunk) in out[..8].iter_mut().enumerate() {

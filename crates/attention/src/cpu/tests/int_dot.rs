@@ -6,7 +6,7 @@
 use super::values;
 use crate::cpu::int_dot::{few_rows, few_rows_portable};
 use crate::cpu::q8::{Q8Chunk, quantize};
-use crate::ggml::unpack::{CHUNK_LEN, IntChunk, Unpack, with_unpacker};
+use crate::ggml::unpack::{CHUNK_LEN, IntChunk, SoftF16, Unpack, with_unpacker};
 use crate::ggml::{GgmlMatrix, GgmlType, dequantize};
 
 /// Byte offsets of each block's f16 fields (ggml's block structs), which random bytes must not make NaN.
@@ -49,7 +49,7 @@ fn chunks_of(weight: GgmlMatrix<'_>) -> Vec<IntChunk> {
         .chunks_exact(block_bytes)
         .zip(chunks.chunks_exact_mut(per_block))
     {
-        with_unpacker!(weight.ty(), |U| U::unpack(block, chunks), ());
+        with_unpacker!(weight.ty(), |U| U::unpack(SoftF16, block, chunks), ());
     }
     chunks
 }
