@@ -10,9 +10,14 @@
 //! Each output channel's blocks are unpacked once per group of up to [`GROUP`] rows, and each unpacked chunk is
 //! loaded into registers once (bytes, per-half scales, minimums) for every row of the group, so a row costs its
 //! products and vector multiply-adds only: no scalar arithmetic and no loop-carried scalar sums (a profile of
-//! batched decode had shown those as the kernel's hottest instructions). A row's result goes through the same
-//! operations in the same order whatever the group, so it is bit-identical alone and in a batch. Channels are split across the pool as the float decode path
-//! splits them, and nothing is allocated per call once a thread's activation buffer has grown.
+//! batched decode had shown those as the kernel's hottest instructions). The one-chunk (legacy) types go from
+//! their bytes straight into registers on AVX2 ([`Dot::load`]); the K-quants unpack a super-block through a
+//! small buffer. Even and odd chunks add into separate accumulators, so one row's multiply-adds are two
+//! dependency chains, not one (a single chain bounded single-stream decode at two FMA latencies per chunk).
+//!
+//! A row's result goes through the same operations in the same order whatever the group, so it is bit-identical
+//! alone and in a batch. Channels are split across the pool as the float decode path splits them, and nothing is
+//! allocated per call once a thread's activation buffer has grown.
 
 use std::cell::Cell;
 use std::ops::Range;
@@ -49,6 +54,18 @@ pub(super) trait Dot: F16Reader {
     type Weight: Copy;
     fn zero(self) -> Self::Acc;
     fn prepare<const SIGNED: bool>(self, w: &IntChunk) -> Self::Weight;
+    /// The chunk of one block of a one-chunk type `U`, as `prepare(unpack(b))` makes it. Instruction sets with
+    /// their own load of a type read it straight from the bytes into registers; the rest unpack through memory.
+    #[inline(always)]
+    fn load<U: Unpack>(self, b: &[u8]) -> Self::Weight {
+        let mut chunk = [IntChunk::default()];
+        U::unpack(self, b, &mut chunk);
+        if U::SIGNED {
+            self.prepare::<true>(&chunk[0])
+        } else {
+            self.prepare::<false>(&chunk[0])
+        }
+    }
     /// `acc + Σ_h w.scale[h] * x.d * Σ_{i in half h} w[i] * x[i]`, plus `Σ_h w.min[h] * x.sums[h]` with `MIN`;
     /// `w` unsigned bytes, or `i8` when `SIGNED`.
     fn madd<const SIGNED: bool, const MIN: bool>(
@@ -129,8 +146,10 @@ pub(super) use avx2::Avx2;
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{Dot, F16Reader, IntChunk, Q8Chunk};
+    use super::{Dot, F16Reader, IntChunk, Q8Chunk, Unpack};
     use crate::cpu::simd::has_avx2_fma;
+    use crate::ggml::GgmlType;
+    use crate::ggml::legacy::IQ4_LEVELS;
 
     /// Proof that the running CPU has AVX2, FMA and F16C (every AVX2 CPU made has F16C, but it is a separate
     /// flag): only [`Avx2::detect`] makes one. Its methods are inlined into functions compiled with those
@@ -165,9 +184,131 @@ mod avx2 {
         min: __m256,
     }
 
+    impl Weight {
+        /// Its four registers as lanes, for tests that compare two ways of making one.
+        #[cfg(test)]
+        pub(in crate::cpu) fn lanes(&self) -> [[u32; 8]; 4] {
+            // SAFETY: each field is 32 bytes of plain data.
+            unsafe {
+                [
+                    std::mem::transmute::<__m256i, [u32; 8]>(self.bytes),
+                    std::mem::transmute::<__m256i, [u32; 8]>(self.signs),
+                    std::mem::transmute::<__m256, [u32; 8]>(self.scale),
+                    std::mem::transmute::<__m256, [u32; 8]>(self.min),
+                ]
+            }
+        }
+    }
+
+    /// The 32 nibbles of a legacy block's 16 bytes `qs`, in element order: the low nibbles, then the high.
+    #[inline(always)]
+    unsafe fn nibbles(qs: &[u8]) -> __m256i {
+        // SAFETY (for the caller): AVX2; the load reads `qs[..16]`, which the slice index checks.
+        unsafe {
+            let bytes = _mm_loadu_si128(qs[..16].as_ptr().cast());
+            let low = _mm_set1_epi8(0x0F);
+            _mm256_set_m128i(
+                _mm_and_si128(_mm_srli_epi16(bytes, 4), low),
+                _mm_and_si128(bytes, low),
+            )
+        }
+    }
+
+    /// `0x10` in byte `i` where bit `i` of the little-endian `qh[..4]` is set: the fifth bits of Q5_0/Q5_1.
+    #[inline(always)]
+    unsafe fn fifth_bits(qh: &[u8]) -> __m256i {
+        // SAFETY (for the caller): AVX2.
+        unsafe {
+            let word = i32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+            // Byte `i` takes byte `i / 8` of the word (`pshufb` picks within each 128-bit lane, and every lane
+            // holds the whole word), then keeps only bit `i % 8`.
+            let spread = _mm256_shuffle_epi8(
+                _mm256_set1_epi32(word),
+                _mm256_setr_epi8(
+                    0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                    3, 3, 3, 3, 3, 3,
+                ),
+            );
+            let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+            let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+            _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+        }
+    }
+
+    /// An unsigned chunk `w = d * q + min`.
+    #[inline(always)]
+    unsafe fn unsigned(q: __m256i, d: f32, min: f32) -> Weight {
+        // SAFETY (for the caller): AVX.
+        unsafe {
+            Weight {
+                bytes: q,
+                signs: q,
+                scale: _mm256_set1_ps(d),
+                min: _mm256_setr_ps(min, min, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
+            }
+        }
+    }
+
+    /// A signed chunk `w = d * q`.
+    #[inline(always)]
+    unsafe fn signed(q: __m256i, d: f32) -> Weight {
+        // SAFETY (for the caller): AVX2.
+        unsafe {
+            Weight {
+                bytes: _mm256_sign_epi8(q, q),
+                signs: q,
+                scale: _mm256_set1_ps(d),
+                min: _mm256_setzero_ps(),
+            }
+        }
+    }
+
     impl Dot for Avx2 {
         type Acc = __m256;
         type Weight = Weight;
+
+        /// The legacy types' blocks straight into registers (their layouts as [`crate::ggml::unpack`] reads
+        /// them); the same values as `prepare(unpack(b))`, without the round trip through memory.
+        #[inline(always)]
+        fn load<U: Unpack>(self, b: &[u8]) -> Weight {
+            // SAFETY: `self` proves AVX2 and F16C; every load is of a checked subslice of `b`.
+            unsafe {
+                match U::TYPE {
+                    GgmlType::Q4_0 => {
+                        let d = self.f16(b, 0);
+                        unsigned(nibbles(&b[2..18]), d, -8.0 * d)
+                    }
+                    GgmlType::Q4_1 => unsigned(nibbles(&b[4..20]), self.f16(b, 0), self.f16(b, 2)),
+                    GgmlType::Q5_0 => {
+                        let d = self.f16(b, 0);
+                        let q = _mm256_or_si256(nibbles(&b[6..22]), fifth_bits(&b[2..6]));
+                        unsigned(q, d, -16.0 * d)
+                    }
+                    GgmlType::Q5_1 => {
+                        let q = _mm256_or_si256(nibbles(&b[8..24]), fifth_bits(&b[4..8]));
+                        unsigned(q, self.f16(b, 0), self.f16(b, 2))
+                    }
+                    GgmlType::Q8_0 => {
+                        signed(_mm256_loadu_si256(b[2..34].as_ptr().cast()), self.f16(b, 0))
+                    }
+                    GgmlType::IQ4_NL => {
+                        let table = _mm_loadu_si128(IQ4_LEVELS.as_ptr().cast());
+                        let levels =
+                            _mm256_shuffle_epi8(_mm256_set_m128i(table, table), nibbles(&b[2..18]));
+                        signed(levels, self.f16(b, 0))
+                    }
+                    _ => {
+                        let mut chunk = [IntChunk::default()];
+                        U::unpack(self, b, &mut chunk);
+                        if U::SIGNED {
+                            self.prepare::<true>(&chunk[0])
+                        } else {
+                            self.prepare::<false>(&chunk[0])
+                        }
+                    }
+                }
+            }
+        }
 
         #[inline(always)]
         fn zero(self) -> __m256 {
@@ -382,34 +523,45 @@ fn group<D: Dot, U: Unpack, const R: usize>(
     let (per_block, block_bytes) = (U::CHUNKS, U::BLOCK_BYTES);
     let per_row = cols / CHUNK_LEN;
     let rows = &plan.activations[first * per_row..(first + R) * per_row];
-    let mut chunks = [IntChunk::default(); SPAN];
-    // Even and odd chunks add into separate accumulators: one row's multiply-adds would otherwise form a single
-    // dependency chain, two FMA latencies per chunk, which bounded single-stream decode.
+    // `acc[r][k]`: row `r`'s even (`k = 0`) and odd chunks.
     let mut acc = [[dot.zero(); 2]; R];
-    for (s, span) in row.chunks(SPAN / per_block * block_bytes).enumerate() {
-        let n = span.len() / block_bytes * per_block;
-        for (block, chunks) in span
-            .chunks_exact(block_bytes)
-            .zip(chunks.chunks_exact_mut(per_block))
-        {
-            U::unpack(dot, block, chunks);
+    let madd = |acc: &mut [[D::Acc; 2]; R], k: usize, w: &D::Weight, chunk: usize| {
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let a = &rows[r * per_row + chunk];
+            // `U::SIGNED` is a constant: one arm survives, and signed types have no minimum.
+            acc[k] = if U::SIGNED {
+                dot.madd::<true, false>(acc[k], w, a)
+            } else {
+                dot.madd::<false, true>(acc[k], w, a)
+            };
         }
-        // `SPAN` is even, so a chunk's parity within its span is its parity within the row.
-        for (c, pair) in chunks[..n].chunks(2).enumerate() {
-            for (k, w) in pair.iter().enumerate() {
-                // `U::SIGNED` is a constant: one arm survives, and signed types have no minimum.
-                let w = if U::SIGNED {
-                    dot.prepare::<true>(w)
-                } else {
-                    dot.prepare::<false>(w)
-                };
-                for (r, acc) in acc.iter_mut().enumerate() {
-                    let a = &rows[r * per_row + s * SPAN + 2 * c + k];
-                    acc[k] = if U::SIGNED {
-                        dot.madd::<true, false>(acc[k], &w, a)
+    };
+    if per_block == 1 {
+        // One chunk per block: each goes from its bytes to registers (`Dot::load`).
+        for (c, pair) in row.chunks(2 * block_bytes).enumerate() {
+            for (k, block) in pair.chunks_exact(block_bytes).enumerate() {
+                madd(&mut acc, k, &dot.load::<U>(block), 2 * c + k);
+            }
+        }
+    } else {
+        let mut chunks = [IntChunk::default(); SPAN];
+        for (s, span) in row.chunks(SPAN / per_block * block_bytes).enumerate() {
+            let n = span.len() / block_bytes * per_block;
+            for (block, chunks) in span
+                .chunks_exact(block_bytes)
+                .zip(chunks.chunks_exact_mut(per_block))
+            {
+                U::unpack(dot, block, chunks);
+            }
+            // `SPAN` is even, so a chunk's parity within its span is its parity within the row.
+            for (c, pair) in chunks[..n].chunks(2).enumerate() {
+                for (k, w) in pair.iter().enumerate() {
+                    let w = if U::SIGNED {
+                        dot.prepare::<true>(w)
                     } else {
-                        dot.madd::<false, true>(acc[k], &w, a)
+                        dot.prepare::<false>(w)
                     };
+                    madd(&mut acc, k, &w, s * SPAN + 2 * c + k);
                 }
             }
         }

@@ -10,9 +10,9 @@
 //! The weights these chunks stand for equal [`super::dequantize_block`]'s up to f32 rounding of the map (the
 //! reference computes `d * (q - 8)`, the chunk `d * q - 8 d`); the tests pin both to the f64 product.
 
-use super::f16_at;
 use super::kquants::{q3_k_scale, scale_min_k4};
 use super::legacy::{IQ4_LEVELS, nibble};
+use super::{GgmlType, f16_at};
 
 /// Elements per chunk: one ggml legacy block, an eighth of a K-quant super-block, one activation block.
 pub(crate) const CHUNK_LEN: usize = 32;
@@ -61,6 +61,9 @@ impl F16Reader for SoftF16 {
 /// One block type's unpacking, with its geometry as constants, so the kernel's block loops compile to fixed
 /// strides (a geometry read at run time put an integer division in the hot loop).
 pub(crate) trait Unpack {
+    /// The type, for kernels with their own load of some types' blocks (the legacy ones straight into AVX2
+    /// registers).
+    const TYPE: GgmlType;
     /// Whether the chunks' integers are signed bytes (their minimum is then zero).
     const SIGNED: bool;
     /// Bytes of one block.
@@ -77,6 +80,7 @@ macro_rules! unpackers {
         #[allow(non_camel_case_types)]
         pub(crate) struct $name;
         impl Unpack for $name {
+            const TYPE: GgmlType = GgmlType::$name;
             const SIGNED: bool = $signed;
             const BLOCK_BYTES: usize = $bytes;
             const CHUNKS: usize = $chunks;

@@ -236,6 +236,54 @@ fn the_avx2_path_agrees_with_the_portable_one_and_a_row_is_the_same_alone_and_in
     }
 }
 
+/// The AVX2 path's own loads of one-chunk blocks (straight from the bytes into registers) against unpacking
+/// through memory: the same bits in every register, for every one-chunk type.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx2_block_loads_equal_unpacking_through_memory() {
+    use crate::cpu::int_dot::{Avx2, Dot};
+    use crate::ggml::unpack::Unpack;
+    let Some(avx2) = Avx2::detect() else {
+        eprintln!("skipped: this CPU lacks AVX2, FMA or F16C, so the AVX2 loads never run here");
+        return;
+    };
+    fn through_memory<U: Unpack>(avx2: Avx2, block: &[u8]) -> [[u32; 8]; 4] {
+        let mut chunk = [IntChunk::default()];
+        U::unpack(SoftF16, block, &mut chunk);
+        let w = if U::SIGNED {
+            avx2.prepare::<true>(&chunk[0])
+        } else {
+            avx2.prepare::<false>(&chunk[0])
+        };
+        w.lanes()
+    }
+    let mut checked = 0;
+    for (t, ty) in GgmlType::BLOCK_QUANTIZED.into_iter().enumerate() {
+        let (block_len, block_bytes) = ty.block_geometry().unwrap();
+        if block_len != CHUNK_LEN {
+            continue;
+        }
+        let blocks = random_blocks(ty, [4, 8 * CHUNK_LEN], 500 + t as u64);
+        for (b, block) in blocks.chunks_exact(block_bytes).enumerate() {
+            let (direct, unpacked) = with_unpacker!(
+                ty,
+                |U| (
+                    avx2.load::<U>(block).lanes(),
+                    through_memory::<U>(avx2, block)
+                ),
+                unreachable!("{ty} is block-quantized")
+            );
+            assert_eq!(
+                direct, unpacked,
+                "{ty} block {b}: [bytes, signs, scale, min]"
+            );
+            checked += 1;
+        }
+    }
+    // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL, 32 blocks each.
+    assert_eq!(checked, 6 * 32);
+}
+
 #[test]
 fn activation_chunks_round_to_nearest_within_half_their_scale() {
     let mut x = values(4 * CHUNK_LEN, 5, 3.0);
