@@ -54,8 +54,15 @@ pub(super) trait Dot: F16Reader {
     type Weight: Copy;
     fn zero(self) -> Self::Acc;
     fn prepare<const SIGNED: bool>(self, w: &IntChunk) -> Self::Weight;
-    /// The chunk of one block of a one-chunk type `U`, as `prepare(unpack(b))` makes it. Instruction sets with
-    /// their own load of a type read it straight from the bytes into registers; the rest unpack through memory.
+    /// Whether this instruction set's chunks of `U` hold signed integers (then `madd::<true, false>`): the
+    /// signed types, and types whose integer offset [`Dot::load`] folds into the integers.
+    #[inline(always)]
+    fn signed<U: Unpack>(self) -> bool {
+        U::SIGNED
+    }
+    /// The chunk of one block of a one-chunk type `U`: `prepare(unpack(b))`, or, for instruction sets with their
+    /// own load of the type, the same weights straight from the bytes into registers (integers and scale equal;
+    /// an integer offset such as Q4_0's 8 may move from the minimum into the integers, see [`Dot::signed`]).
     #[inline(always)]
     fn load<U: Unpack>(self, b: &[u8]) -> Self::Weight {
         let mut chunk = [IntChunk::default()];
@@ -267,6 +274,13 @@ mod avx2 {
         type Acc = __m256;
         type Weight = Weight;
 
+        /// Q4_0 and Q5_0 load as `q - 8` and `q - 16`, signed, as ggml's kernels take them: no minimum term, so a
+        /// row's multiply-add is two instructions shorter and the scale's multiply by -8 or -16 goes.
+        #[inline(always)]
+        fn signed<U: Unpack>(self) -> bool {
+            U::SIGNED || matches!(U::TYPE, GgmlType::Q4_0 | GgmlType::Q5_0)
+        }
+
         /// The legacy types' blocks straight into registers (their layouts as [`crate::ggml::unpack`] reads
         /// them); the same values as `prepare(unpack(b))`, without the round trip through memory.
         #[inline(always)]
@@ -274,15 +288,14 @@ mod avx2 {
             // SAFETY: `self` proves AVX2 and F16C; every load is of a checked subslice of `b`.
             unsafe {
                 match U::TYPE {
-                    GgmlType::Q4_0 => {
-                        let d = self.f16(b, 0);
-                        unsigned(nibbles(&b[2..18]), d, -8.0 * d)
-                    }
+                    GgmlType::Q4_0 => signed(
+                        _mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8)),
+                        self.f16(b, 0),
+                    ),
                     GgmlType::Q4_1 => unsigned(nibbles(&b[4..20]), self.f16(b, 0), self.f16(b, 2)),
                     GgmlType::Q5_0 => {
-                        let d = self.f16(b, 0);
                         let q = _mm256_or_si256(nibbles(&b[6..22]), fifth_bits(&b[2..6]));
-                        unsigned(q, d, -16.0 * d)
+                        signed(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), self.f16(b, 0))
                     }
                     GgmlType::Q5_1 => {
                         let q = _mm256_or_si256(nibbles(&b[8..24]), fifth_bits(&b[4..8]));
@@ -525,11 +538,12 @@ fn group<D: Dot, U: Unpack, const R: usize>(
     let rows = &plan.activations[first * per_row..(first + R) * per_row];
     // `acc[r][k]`: row `r`'s even (`k = 0`) and odd chunks.
     let mut acc = [[dot.zero(); 2]; R];
+    let signed = dot.signed::<U>();
     let madd = |acc: &mut [[D::Acc; 2]; R], k: usize, w: &D::Weight, chunk: usize| {
         for (r, acc) in acc.iter_mut().enumerate() {
             let a = &rows[r * per_row + chunk];
-            // `U::SIGNED` is a constant: one arm survives, and signed types have no minimum.
-            acc[k] = if U::SIGNED {
+            // `signed` is a constant: one arm survives, and signed chunks have no minimum.
+            acc[k] = if signed {
                 dot.madd::<true, false>(acc[k], w, a)
             } else {
                 dot.madd::<false, true>(acc[k], w, a)

@@ -237,7 +237,8 @@ fn the_avx2_path_agrees_with_the_portable_one_and_a_row_is_the_same_alone_and_in
 }
 
 /// The AVX2 path's own loads of one-chunk blocks (straight from the bytes into registers) against unpacking
-/// through memory: the same bits in every register, for every one-chunk type.
+/// through memory, for every one-chunk type: the same bits in every register, except that Q4_0 and Q5_0 load
+/// signed, their integers moved by the offset (8, 16) that unpacking keeps in the minimum, with the same scale.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx2_block_loads_equal_unpacking_through_memory() {
@@ -247,6 +248,7 @@ fn avx2_block_loads_equal_unpacking_through_memory() {
         eprintln!("skipped: this CPU lacks AVX2, FMA or F16C, so the AVX2 loads never run here");
         return;
     };
+    /// `[bytes, signs, scale, min]` of the chunk as unpacking makes it.
     fn through_memory<U: Unpack>(avx2: Avx2, block: &[u8]) -> [[u32; 8]; 4] {
         let mut chunk = [IntChunk::default()];
         U::unpack(SoftF16, block, &mut chunk);
@@ -257,6 +259,21 @@ fn avx2_block_loads_equal_unpacking_through_memory() {
         };
         w.lanes()
     }
+    /// The 32 integers a chunk's registers stand for: the sign bytes when signed (whose magnitudes must be the
+    /// multiplied bytes), else the bytes.
+    fn integers([bytes, signs, ..]: [[u32; 8]; 4], signed: bool) -> Vec<i32> {
+        let le = |w: [u32; 8]| w.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let (bytes, signs) = (le(bytes), le(signs));
+        if signed {
+            for (&b, &s) in bytes.iter().zip(&signs) {
+                assert_eq!(b, (s as i8).unsigned_abs(), "a signed chunk multiplies |q|");
+            }
+            signs.iter().map(|&s| i32::from(s as i8)).collect()
+        } else {
+            assert_eq!(bytes, signs);
+            bytes.iter().map(|&b| i32::from(b)).collect()
+        }
+    }
     let mut checked = 0;
     for (t, ty) in GgmlType::BLOCK_QUANTIZED.into_iter().enumerate() {
         let (block_len, block_bytes) = ty.block_geometry().unwrap();
@@ -265,18 +282,39 @@ fn avx2_block_loads_equal_unpacking_through_memory() {
         }
         let blocks = random_blocks(ty, [4, 8 * CHUNK_LEN], 500 + t as u64);
         for (b, block) in blocks.chunks_exact(block_bytes).enumerate() {
-            let (direct, unpacked) = with_unpacker!(
+            let (direct, unpacked, signed, own_sign) = with_unpacker!(
                 ty,
                 |U| (
                     avx2.load::<U>(block).lanes(),
-                    through_memory::<U>(avx2, block)
+                    through_memory::<U>(avx2, block),
+                    avx2.signed::<U>(),
+                    U::SIGNED
                 ),
                 unreachable!("{ty} is block-quantized")
             );
-            assert_eq!(
-                direct, unpacked,
-                "{ty} block {b}: [bytes, signs, scale, min]"
-            );
+            let offset = match ty {
+                GgmlType::Q4_0 => 8,
+                GgmlType::Q5_0 => 16,
+                _ => 0,
+            };
+            assert_eq!(signed, own_sign || offset != 0, "{ty}: signedness");
+            if offset == 0 {
+                assert_eq!(
+                    direct, unpacked,
+                    "{ty} block {b}: [bytes, signs, scale, min]"
+                );
+            } else {
+                let moved: Vec<i32> = integers(unpacked, false)
+                    .iter()
+                    .map(|q| q - offset)
+                    .collect();
+                assert_eq!(integers(direct, true), moved, "{ty} block {b}: integers");
+                assert_eq!(direct[2], unpacked[2], "{ty} block {b}: scale");
+                assert_eq!(
+                    direct[3], [0; 8],
+                    "{ty} block {b}: a signed chunk has no minimum"
+                );
+            }
             checked += 1;
         }
     }
