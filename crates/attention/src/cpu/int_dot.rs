@@ -67,10 +67,15 @@ pub(super) trait Dot: F16Reader {
     fn load<U: Unpack>(self, b: &[u8]) -> Self::Weight {
         let mut chunk = [IntChunk::default()];
         U::unpack(self, b, &mut chunk);
+        self.prepare_of::<U>(&chunk[0])
+    }
+    /// An unpacked chunk of `U` prepared as [`Dot::signed`] says.
+    #[inline(always)]
+    fn prepare_of<U: Unpack>(self, w: &IntChunk) -> Self::Weight {
         if U::SIGNED {
-            self.prepare::<true>(&chunk[0])
+            self.prepare::<true>(w)
         } else {
-            self.prepare::<false>(&chunk[0])
+            self.prepare::<false>(w)
         }
     }
     /// `acc + Σ_h w.scale[h] * x.d * Σ_{i in half h} w[i] * x[i]`, plus `Σ_h w.min[h] * x.sums[h]` with `MIN`;
@@ -242,6 +247,19 @@ mod avx2 {
         }
     }
 
+    /// The integer offset of `U`'s unpacked chunks (`min = -offset * scale` in every chunk), or 0 where the
+    /// minimum is a float of its own or the type is signed already.
+    #[inline(always)]
+    fn offset<U: Unpack>() -> i8 {
+        match U::TYPE {
+            GgmlType::Q4_0 => 8,
+            GgmlType::Q5_0 => 16,
+            GgmlType::Q3_K => 4,
+            GgmlType::Q6_K => 32,
+            _ => 0,
+        }
+    }
+
     /// An unsigned chunk `w = d * q + min`.
     #[inline(always)]
     unsafe fn unsigned(q: __m256i, d: f32, min: f32) -> Weight {
@@ -274,11 +292,38 @@ mod avx2 {
         type Acc = __m256;
         type Weight = Weight;
 
-        /// Q4_0 and Q5_0 load as `q - 8` and `q - 16`, signed, as ggml's kernels take them: no minimum term, so a
-        /// row's multiply-add is two instructions shorter and the scale's multiply by -8 or -16 goes.
+        /// The types whose minimum is an integer offset times the scale take it into their integers, signed, as
+        /// ggml's kernels do: Q4_0 `q - 8` and Q5_0 `q - 16` as loaded, Q3_K `q - 4` and Q6_K `q - 32` as
+        /// prepared. No minimum term then, so a row's multiply-add is two instructions shorter.
         #[inline(always)]
         fn signed<U: Unpack>(self) -> bool {
-            U::SIGNED || matches!(U::TYPE, GgmlType::Q4_0 | GgmlType::Q5_0)
+            U::SIGNED || offset::<U>() != 0
+        }
+
+        #[inline(always)]
+        fn prepare_of<U: Unpack>(self, w: &IntChunk) -> Weight {
+            if U::SIGNED {
+                return self.prepare::<true>(w);
+            }
+            match offset::<U>() {
+                0 => self.prepare::<false>(w),
+                offset => {
+                    // SAFETY: `self` proves AVX2; the load reads exactly the 32 bytes of `w.q`.
+                    unsafe {
+                        let q = _mm256_loadu_si256(w.q.as_ptr().cast());
+                        let q = _mm256_sub_epi8(q, _mm256_set1_epi8(offset));
+                        Weight {
+                            bytes: _mm256_sign_epi8(q, q),
+                            signs: q,
+                            scale: _mm256_setr_m128(
+                                _mm_set1_ps(w.scale[0]),
+                                _mm_set1_ps(w.scale[1]),
+                            ),
+                            min: _mm256_setzero_ps(),
+                        }
+                    }
+                }
+            }
         }
 
         /// The legacy types' blocks straight into registers (their layouts as [`crate::ggml::unpack`] reads
@@ -289,13 +334,16 @@ mod avx2 {
             unsafe {
                 match U::TYPE {
                     GgmlType::Q4_0 => signed(
-                        _mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(8)),
+                        _mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(offset::<U>())),
                         self.f16(b, 0),
                     ),
                     GgmlType::Q4_1 => unsigned(nibbles(&b[4..20]), self.f16(b, 0), self.f16(b, 2)),
                     GgmlType::Q5_0 => {
                         let q = _mm256_or_si256(nibbles(&b[6..22]), fifth_bits(&b[2..6]));
-                        signed(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), self.f16(b, 0))
+                        signed(
+                            _mm256_sub_epi8(q, _mm256_set1_epi8(offset::<U>())),
+                            self.f16(b, 0),
+                        )
                     }
                     GgmlType::Q5_1 => {
                         let q = _mm256_or_si256(nibbles(&b[8..24]), fifth_bits(&b[4..8]));
@@ -313,11 +361,7 @@ mod avx2 {
                     _ => {
                         let mut chunk = [IntChunk::default()];
                         U::unpack(self, b, &mut chunk);
-                        if U::SIGNED {
-                            self.prepare::<true>(&chunk[0])
-                        } else {
-                            self.prepare::<false>(&chunk[0])
-                        }
+                        self.prepare_of::<U>(&chunk[0])
                     }
                 }
             }
@@ -570,11 +614,7 @@ fn group<D: Dot, U: Unpack, const R: usize>(
             // `SPAN` is even, so a chunk's parity within its span is its parity within the row.
             for (c, pair) in chunks[..n].chunks(2).enumerate() {
                 for (k, w) in pair.iter().enumerate() {
-                    let w = if U::SIGNED {
-                        dot.prepare::<true>(w)
-                    } else {
-                        dot.prepare::<false>(w)
-                    };
+                    let w = dot.prepare_of::<U>(w);
                     madd(&mut acc, k, &w, s * SPAN + 2 * c + k);
                 }
             }
