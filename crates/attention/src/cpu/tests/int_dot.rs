@@ -369,3 +369,35 @@ fn every_unpacker_has_its_types_geometry() {
         assert_eq!(geometry, ty.block_geometry(), "{ty}");
     }
 }
+
+#[test]
+fn channels_split_into_equal_tasks_in_a_multiple_of_the_threads() {
+    use crate::cpu::int_dot::split;
+    for threads in 1..=8 {
+        for out in [1, 7, 64, 192, 576, 1536, 2048, 49152, 151_936] {
+            let (tasks, per_task) = split(out, threads);
+            // Every channel in exactly one task, no task empty.
+            assert!(
+                tasks * per_task >= out && (tasks - 1) * per_task < out,
+                "{out} on {threads}"
+            );
+            if out >= 64 * threads {
+                assert!(
+                    per_task <= 64,
+                    "{out} on {threads}: {per_task} channels a task"
+                );
+                // Few tasks (a decode step's projections): the same number for every thread. Many (an LM head):
+                // rounding may leave a few threads one task short, under 1% of the work.
+                let short = tasks.div_ceil(threads) * threads - tasks;
+                if tasks < 16 * threads {
+                    assert_eq!(
+                        short, 0,
+                        "{out} channels on {threads} threads: {tasks} tasks"
+                    );
+                } else {
+                    assert!(short * 100 < tasks, "{out} on {threads}: {tasks} tasks");
+                }
+            }
+        }
+    }
+}
