@@ -65,6 +65,23 @@ impl GgufFile {
         Ok(Self { path, map, header })
     }
 
+    /// Drops this process's resident copies of the file's pages once the weights have been copied out of them.
+    /// The map stays valid: a later read faults the same bytes back in from the file (usually from the kernel's
+    /// page cache, which keeps them). Loading copies every tensor, so without this the model counted twice in the
+    /// resident set while it ran (SmolLM2-135M Q4_1 with `--quantize gguf`: 96 MiB of file pages beside 99 MiB
+    /// of copied blocks). Advisory: where the kernel refuses, nothing changes.
+    pub fn release_resident_pages(&self) {
+        #[cfg(unix)]
+        // SAFETY: `MADV_DONTNEED` is unsafe for mappings whose pages it would change (private writable or
+        // anonymous maps read back as zeros). This map is read-only and file-backed, and nothing writes the file
+        // while it is open (the contract of `open`), so every byte reads the same after the call as before it,
+        // including through borrows of the map held meanwhile.
+        let _ = unsafe {
+            self.map
+                .unchecked_advise(memmap2::UncheckedAdvice::DontNeed)
+        };
+    }
+
     /// The file this was opened from.
     pub fn path(&self) -> &Path {
         &self.path
@@ -171,5 +188,70 @@ impl GgufFile {
             expected: expected.to_string(),
             found,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Kilobytes of this process's resident pages in the mapping that starts at `start`, from
+    /// `/proc/self/smaps`.
+    #[cfg(target_os = "linux")]
+    fn resident_kib(start: *const u8) -> usize {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut lines = smaps.lines();
+        let header = lines
+            .find(|l| {
+                l.split('-')
+                    .next()
+                    .and_then(|a| usize::from_str_radix(a, 16).ok())
+                    == Some(start as usize)
+            })
+            .expect("the map in /proc/self/smaps");
+        let rss = lines
+            .find(|l| l.starts_with("Rss:"))
+            .unwrap_or_else(|| panic!("no Rss line after {header}"));
+        rss.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn released_pages_leave_the_resident_set_and_read_back_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.gguf");
+        let mut writer = GgufWriter::new();
+        writer.set(
+            "general.architecture",
+            MetadataValue::String("llama".into()),
+        );
+        let shape = vec![256, 256];
+        writer
+            .add_tensor(OutTensor::new("a", GgmlType::F32, shape), &path)
+            .unwrap();
+        let values: Vec<u8> = (0..256 * 256 * 4).map(|i| (i * 7 % 251) as u8).collect();
+        writer
+            .write::<GgufError>(&path, |_| Ok(values.clone()))
+            .unwrap();
+        let file = GgufFile::open(&path).unwrap();
+        let before = file.tensor_bytes("a").unwrap().to_vec();
+        assert_eq!(before, values);
+        // 256 KiB of tensor data just read: at least that much of the map is resident.
+        let touched = resident_kib(file.map.as_ptr());
+        assert!(
+            touched >= 256,
+            "{touched} KiB resident after reading 256 KiB"
+        );
+        file.release_resident_pages();
+        let released = resident_kib(file.map.as_ptr());
+        assert_eq!(
+            released, 0,
+            "{released} KiB still resident after the release"
+        );
+        assert_eq!(
+            file.tensor_bytes("a").unwrap(),
+            &values[..],
+            "bytes read after the release"
+        );
     }
 }

@@ -286,12 +286,14 @@ pub fn load<B: crate::EmberBackend>(
     progress: Option<crate::weights::Progress<'_>>,
 ) -> crate::Result<crate::Transformer<B>> {
     let (family, spec) = model_spec(file)?;
-    crate::Transformer::from_source(
+    let model = crate::Transformer::from_source(
         &spec,
         &mut GgufSource::new(file, family, &spec),
         device,
         progress,
-    )
+    );
+    file.release_resident_pages();
+    model
 }
 
 /// Loads a GGUF model onto `device` keeping every block-quantized matrix ([`GgmlType::BLOCK_QUANTIZED`]) packed
@@ -304,5 +306,8 @@ pub fn load_quantized<B: crate::EmberBackend>(
 ) -> crate::Result<crate::Transformer<B>> {
     let (family, spec) = model_spec(file)?;
     let mut source = GgufSource::new(file, family, &spec).keep_quantized();
-    crate::Transformer::from_source(&spec, &mut source, device, progress)
+    let model = crate::Transformer::from_source(&spec, &mut source, device, progress);
+    // The blocks were copied out of the map: keep them resident once, not twice.
+    file.release_resident_pages();
+    model
 }
