@@ -12,6 +12,7 @@ use rayon::prelude::*;
 
 use super::key_padding::KeyPadding;
 use super::simd::{exp, vectorized};
+use super::strided_gemm::{gemm, gemm_fresh};
 use super::{f32_slice, kernel_threads, zeroed};
 
 /// Replaces each `x` of `row` by `exp(x - max)` and returns their sum (in 8 lanes, so both loops vectorise).
@@ -138,81 +139,6 @@ fn row_blocks<'a>(
     })
 }
 
-/// `dst[m x n] (+)= alpha * lhs[m x k] · rhs[k x n]`, single-threaded, every operand given by (row, column)
-/// strides. With `accumulate`, `dst` is added to instead of overwritten.
-#[allow(clippy::too_many_arguments)]
-fn gemm(
-    (m, n, k): (usize, usize, usize),
-    dst: &mut [f32],
-    (dst_rs, dst_cs): (usize, usize),
-    lhs: &[f32],
-    (lhs_rs, lhs_cs): (usize, usize),
-    rhs: &[f32],
-    (rhs_rs, rhs_cs): (usize, usize),
-    alpha: f32,
-    accumulate: bool,
-) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    let last = |rows: usize, cols: usize, rs: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs;
-    assert!(dst.len() > last(m, n, dst_rs, dst_cs));
-    if k > 0 {
-        assert!(lhs.len() > last(m, k, lhs_rs, lhs_cs) && rhs.len() > last(k, n, rhs_rs, rhs_cs));
-    }
-    // SAFETY: the asserts above keep every element gemm touches inside the three slices; `dst` is borrowed
-    // mutably, so it aliases neither operand.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            dst_cs as isize,
-            dst_rs as isize,
-            accumulate,
-            lhs.as_ptr(),
-            lhs_cs as isize,
-            lhs_rs as isize,
-            rhs.as_ptr(),
-            rhs_cs as isize,
-            rhs_rs as isize,
-            1.0,
-            alpha,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
-}
-
-/// `out` refilled as a row-major `[m, n]` block holding `alpha * lhs[m x k] · rhs[k x n]` (its allocation is
-/// reused from block to block).
-fn gemm_fresh(
-    (m, n, k): (usize, usize, usize),
-    out: &mut Vec<f32>,
-    lhs: &[f32],
-    lhs_strides: (usize, usize),
-    rhs: &[f32],
-    rhs_strides: (usize, usize),
-    alpha: f32,
-) {
-    out.clear();
-    out.resize(m * n, 0.0);
-    gemm(
-        (m, n, k),
-        out,
-        (n, 1),
-        lhs,
-        lhs_strides,
-        rhs,
-        rhs_strides,
-        alpha,
-        false,
-    );
-}
-
 /// Runs `task(i)` for every `i < count`, on the rayon pool when `parallel`.
 fn run_tasks<F>(parallel: bool, count: usize, task: F)
 where
@@ -223,6 +149,33 @@ where
     } else {
         (0..count).for_each(task);
     }
+}
+
+/// Query rows up to which a forward call is a decode step's, whose heads go to the spinning decode pool.
+const DECODE_ROWS: usize = 16;
+
+/// Work (as [`Dims::ops`] counts it) above which a decode step's heads are split across the decode pool: its
+/// hand-off costs about a microsecond, against rayon's wake-up of sleeping threads for every call.
+const DECODE_PARALLEL_MIN_OPS: usize = 1 << 16;
+
+/// [`run_tasks`] for a forward call: a decode step's heads on the spinning pool the integer products use (the
+/// pool's threads are awake between a step's products, where rayon's sleep; at a 512-token context the heads
+/// on rayon were a seventh of a decode step, on one thread's worth of wake-ups), anything else as
+/// [`run_tasks`] does.
+fn run_forward_tasks<F>(d: &Dims, count: usize, task: F)
+where
+    F: Fn(usize) + Sync + Send,
+{
+    let threads = kernel_threads();
+    if d.q_len <= DECODE_ROWS
+        && d.ops() >= DECODE_PARALLEL_MIN_OPS
+        && threads > 1
+        && threads == rayon::current_num_threads()
+        && super::spin_pool::run(count, &task)
+    {
+        return;
+    }
+    run_tasks(d.ops() >= PARALLEL_MIN_OPS, count, task);
 }
 
 /// Disjoint mutable chunks of one buffer handed to parallel tasks by index.
@@ -376,7 +329,7 @@ pub(crate) fn flash_forward(
     let out_rows = HeadsOut::new(&mut out);
     let lse_chunks = Chunks::new(lse.storage_mut::<f32>(), d.q_len);
     let scale = scale as f32;
-    run_tasks(d.ops() >= PARALLEL_MIN_OPS, d.batch * d.q_heads, |bh| {
+    run_forward_tasks(&d, d.batch * d.q_heads, |bh| {
         // SAFETY: task `bh` alone takes chunk `bh` of the log-sum-exp.
         let lse = unsafe { lse_chunks.get(bh) };
         let b = bh / d.q_heads;

@@ -19,6 +19,7 @@ pub(crate) mod quantized;
 mod rope;
 mod simd;
 mod spin_pool;
+mod strided_gemm;
 mod swiglu;
 mod write;
 
