@@ -189,8 +189,12 @@ fn smollm2_answers_the_capital_of_france() {
 /// `--quantize gguf` keeps the file's Q4_1/Q8_0 blocks on the device; the dequantized values are the file's, so
 /// on the exact path (`--exact-products`) the greedy answer is the f32 one. The default integer path rounds the
 /// activations to 8 bits as llama.cpp does, and this prompt's first token is a near tie that both flip:
-/// llama-cpp-python 0.3.36's greedy chat reply on the same file (`create_chat_completion`, temperature 0) is
-/// "L'Étoile, la Cité, la Nation, ...", and ember's integer path starts the same way.
+/// llama-cpp-python 0.3.36's greedy chat reply on the same file (`create_chat_completion`, temperature 0) starts
+/// "L'Étoile, la". Past those words each token is another near tie that an activation's rounding decides:
+/// llama.cpp itself has answered "L'Étoile, la Cité, la Nation, ..." and, at 2 threads on 2026-12-03,
+/// "L'Étoile, la Marseillaise, la femme, ...", and ember's integer path "L'Étoile, la Cité, ..." before the
+/// kernel's signed offsets and "L'Étoile, la Marseillaise, la Cité, ..." after. So only the shared start is
+/// asserted.
 #[test]
 fn smollm2_answers_the_same_with_its_stored_quantization() {
     let Some(path) = smollm2() else { return };
@@ -224,7 +228,7 @@ fn smollm2_answers_the_same_with_its_stored_quantization() {
     assert_eq!(answer(true), "The capital of France is Paris.");
     let integer = answer(false);
     assert!(
-        integer.starts_with("L'Étoile, la Cité, la"),
+        integer.starts_with("L'Étoile, la "),
         "the integer path parted from llama.cpp's reply: {integer}"
     );
 }
