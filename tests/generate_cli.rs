@@ -193,8 +193,8 @@ fn smollm2_answers_the_capital_of_france() {
 /// "L'Étoile, la". Past those words each token is another near tie that an activation's rounding decides:
 /// llama.cpp itself has answered "L'Étoile, la Cité, la Nation, ..." and, at 2 threads on 2026-12-03,
 /// "L'Étoile, la Marseillaise, la femme, ...", and ember's integer path "L'Étoile, la Cité, ..." before that
-/// day's kernel changes (summation order) and "L'Étoile, la Marseillaise, la Cité, ..." after. So only the shared start is
-/// asserted.
+/// day's kernel changes (summation order) and "L'Étoile, la Marseillaise, la Cité, ..." after. So only the
+/// shared start is asserted.
 #[test]
 fn smollm2_answers_the_same_with_its_stored_quantization() {
     let Some(path) = smollm2() else { return };
