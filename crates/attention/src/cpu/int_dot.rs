@@ -65,9 +65,7 @@ pub(super) trait Dot: F16Reader {
     /// an integer offset such as Q4_0's 8 may move from the minimum into the integers, see [`Dot::signed`]).
     #[inline(always)]
     fn load<U: Unpack>(self, b: &[u8]) -> Self::Weight {
-        let mut chunk = [IntChunk::default()];
-        U::unpack(self, b, &mut chunk);
-        self.prepare_of::<U>(&chunk[0])
+        through_memory::<Self, U>(self, b)
     }
     /// An unpacked chunk of `U` prepared as [`Dot::signed`] says.
     #[inline(always)]
@@ -88,6 +86,15 @@ pub(super) trait Dot: F16Reader {
     ) -> Self::Acc;
     /// The total of both accumulators of an output (even and odd chunks).
     fn sum(self, acc: [Self::Acc; 2]) -> f32;
+}
+
+/// A one-chunk block of `U` unpacked into a buffer and prepared: [`Dot::load`] for types without a load of
+/// their own.
+#[inline(always)]
+fn through_memory<D: Dot, U: Unpack>(dot: D, b: &[u8]) -> D::Weight {
+    let mut chunk = [IntChunk::default()];
+    U::unpack(dot, b, &mut chunk);
+    dot.prepare_of::<U>(&chunk[0])
 }
 
 /// Plain Rust, for CPUs without AVX2 (and the oracle the AVX2 path is tested against).

@@ -66,6 +66,10 @@ pub(crate) trait Unpack {
     const TYPE: GgmlType;
     /// Whether the chunks' integers are signed bytes (their minimum is then zero).
     const SIGNED: bool;
+    /// The integer offset the unpacked chunks keep in their map (`min = -OFFSET * scale`: Q4_0's 8, Q5_0's 16,
+    /// Q3_K's 4, Q6_K's 32), or 0 where the minimum is a float of its own or the type is signed. A kernel may
+    /// move it into signed integers instead (`q - OFFSET`), as ggml's do.
+    const OFFSET: i8;
     /// Bytes of one block.
     const BLOCK_BYTES: usize;
     /// Chunks of one block: 1 for the legacy types, 8 for a K-quant super-block.
@@ -75,13 +79,14 @@ pub(crate) trait Unpack {
 }
 
 macro_rules! unpackers {
-    ($($name:ident: $fun:ident, $signed:expr, $bytes:expr, $chunks:expr;)*) => {$(
+    ($($name:ident: $fun:ident, $signed:expr, $offset:expr, $bytes:expr, $chunks:expr;)*) => {$(
         #[doc = concat!("[`Unpack`] of ", stringify!($name), " blocks.")]
         #[allow(non_camel_case_types)]
         pub(crate) struct $name;
         impl Unpack for $name {
             const TYPE: GgmlType = GgmlType::$name;
             const SIGNED: bool = $signed;
+            const OFFSET: i8 = $offset;
             const BLOCK_BYTES: usize = $bytes;
             const CHUNKS: usize = $chunks;
             #[inline(always)]
@@ -93,18 +98,18 @@ macro_rules! unpackers {
 }
 
 unpackers! {
-    Q4_0: q4_0, false, 18, 1;
-    Q4_1: q4_1, false, 20, 1;
-    Q5_0: q5_0, false, 22, 1;
-    Q5_1: q5_1, false, 24, 1;
-    Q8_0: q8_0, true, 34, 1;
-    IQ4_NL: iq4_nl, true, 18, 1;
-    Q2_K: q2_k, false, 84, 8;
-    Q3_K: q3_k, false, 110, 8;
-    Q4_K: q4_k, false, 144, 8;
-    Q5_K: q5_k, false, 176, 8;
-    Q6_K: q6_k, false, 210, 8;
-    IQ4_XS: iq4_xs, true, 136, 8;
+    Q4_0: q4_0, false, 8, 18, 1;
+    Q4_1: q4_1, false, 0, 20, 1;
+    Q5_0: q5_0, false, 16, 22, 1;
+    Q5_1: q5_1, false, 0, 24, 1;
+    Q8_0: q8_0, true, 0, 34, 1;
+    IQ4_NL: iq4_nl, true, 0, 18, 1;
+    Q2_K: q2_k, false, 0, 84, 8;
+    Q3_K: q3_k, false, 4, 110, 8;
+    Q4_K: q4_k, false, 0, 144, 8;
+    Q5_K: q5_k, false, 0, 176, 8;
+    Q6_K: q6_k, false, 32, 210, 8;
+    IQ4_XS: iq4_xs, true, 0, 136, 8;
 }
 
 /// Evaluates `$body` with the type `$u` bound to `$ty`'s [`Unpack`], or `$none` for a type that is not
@@ -230,7 +235,7 @@ fn five_bits(qs: &[u8], qh: u32) -> [u64; 4] {
 pub(crate) fn q4_0<H: F16Reader>(h: H, b: &[u8], out: &mut [IntChunk]) {
     let d = h.f16(b, 0);
     store(&mut out[0].q, nibbles(&b[2..18]));
-    out[0].set_map(d, -8.0 * d);
+    out[0].set_map(d, -f32::from(Q4_0::OFFSET) * d);
 }
 
 /// Q4_1 `[d][m][qs: 16]`: `w = d * q + m`.
@@ -246,7 +251,7 @@ pub(crate) fn q5_0<H: F16Reader>(h: H, b: &[u8], out: &mut [IntChunk]) {
     let d = h.f16(b, 0);
     let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
     store(&mut out[0].q, five_bits(&b[6..22], qh));
-    out[0].set_map(d, -16.0 * d);
+    out[0].set_map(d, -f32::from(Q5_0::OFFSET) * d);
 }
 
 /// Q5_1 `[d][m][qh: u32][qs: 16]`: `w = d * q + m`.
@@ -312,7 +317,7 @@ pub(crate) fn q3_k<H: F16Reader>(h: H, b: &[u8], out: &mut [IntChunk]) {
         for half in 0..2 {
             let scale = d * f32::from(q3_k_scale(scales, 2 * c + half) as i8 - 32);
             chunk.scale[half] = scale;
-            chunk.min[half] = -4.0 * scale;
+            chunk.min[half] = -f32::from(Q3_K::OFFSET) * scale;
         }
     }
 }
@@ -369,7 +374,7 @@ pub(crate) fn q6_k<H: F16Reader>(h: H, b: &[u8], out: &mut [IntChunk]) {
         for half in 0..2 {
             let scale = d * f32::from(scales[2 * c + half] as i8);
             chunk.scale[half] = scale;
-            chunk.min[half] = -32.0 * scale;
+            chunk.min[half] = -f32::from(Q6_K::OFFSET) * scale;
         }
     }
 }

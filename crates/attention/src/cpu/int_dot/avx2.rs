@@ -91,19 +91,6 @@ unsafe fn fifth_bits(qh: &[u8]) -> __m256i {
     }
 }
 
-/// The integer offset of `U`'s unpacked chunks (`min = -offset * scale` in every chunk), or 0 where the
-/// minimum is a float of its own or the type is signed already.
-#[inline(always)]
-fn offset<U: Unpack>() -> i8 {
-    match U::TYPE {
-        GgmlType::Q4_0 => 8,
-        GgmlType::Q5_0 => 16,
-        GgmlType::Q3_K => 4,
-        GgmlType::Q6_K => 32,
-        _ => 0,
-    }
-}
-
 /// An unsigned chunk `w = d * q + min`.
 #[inline(always)]
 unsafe fn unsigned(q: __m256i, d: f32, min: f32) -> Weight {
@@ -141,7 +128,7 @@ impl Dot for Avx2 {
     /// prepared. No minimum term then, so a row's multiply-add is two instructions shorter.
     #[inline(always)]
     fn signed<U: Unpack>(self) -> bool {
-        U::SIGNED || offset::<U>() != 0
+        U::SIGNED || U::OFFSET != 0
     }
 
     #[inline(always)]
@@ -149,7 +136,7 @@ impl Dot for Avx2 {
         if U::SIGNED {
             return self.prepare::<true>(w);
         }
-        match offset::<U>() {
+        match U::OFFSET {
             0 => self.prepare::<false>(w),
             offset => {
                 // SAFETY: `self` proves AVX2; the load reads exactly the 32 bytes of `w.q`.
@@ -175,14 +162,14 @@ impl Dot for Avx2 {
         unsafe {
             match U::TYPE {
                 GgmlType::Q4_0 => signed(
-                    _mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(offset::<U>())),
+                    _mm256_sub_epi8(nibbles(&b[2..18]), _mm256_set1_epi8(U::OFFSET)),
                     self.f16(b, 0),
                 ),
                 GgmlType::Q4_1 => unsigned(nibbles(&b[4..20]), self.f16(b, 0), self.f16(b, 2)),
                 GgmlType::Q5_0 => {
                     let q = _mm256_or_si256(nibbles(&b[6..22]), fifth_bits(&b[2..6]));
                     signed(
-                        _mm256_sub_epi8(q, _mm256_set1_epi8(offset::<U>())),
+                        _mm256_sub_epi8(q, _mm256_set1_epi8(U::OFFSET)),
                         self.f16(b, 0),
                     )
                 }
@@ -199,11 +186,7 @@ impl Dot for Avx2 {
                         _mm256_shuffle_epi8(_mm256_set_m128i(table, table), nibbles(&b[2..18]));
                     signed(levels, self.f16(b, 0))
                 }
-                _ => {
-                    let mut chunk = [IntChunk::default()];
-                    U::unpack(self, b, &mut chunk);
-                    self.prepare_of::<U>(&chunk[0])
-                }
+                _ => super::through_memory::<Self, U>(self, b),
             }
         }
     }

@@ -292,11 +292,9 @@ fn avx2_block_loads_equal_unpacking_through_memory() {
                 ),
                 unreachable!("{ty} is block-quantized")
             );
-            let offset = match ty {
-                GgmlType::Q4_0 => 8,
-                GgmlType::Q5_0 => 16,
-                _ => 0,
-            };
+            // The unpackers build their minimum from `U::OFFSET` (`-OFFSET * scale`), and the on- and off-grid
+            // tests check the unpacked weights against ggml's dequantization, so a wrong offset fails there.
+            let offset = with_unpacker!(ty, |U| i32::from(U::OFFSET), 0);
             assert_eq!(signed, own_sign || offset != 0, "{ty}: signedness");
             if offset == 0 {
                 assert_eq!(
