@@ -14,13 +14,19 @@ use ember_model::gguf::{
 use safetensors::SafeTensors;
 
 /// llama.cpp-converted fixtures of the families ember writes (scripts/fixtures/gguf_family_fixtures.py).
-const WRITABLE: [&str; 6] = [
+const WRITABLE: [&str; 12] = [
     "llama",
     "llama_bias",
     "llama_q8_0",
+    "llama3",
     "mistral",
     "qwen2",
     "qwen3",
+    "phi3",
+    "phi3_longrope",
+    "gemma2",
+    "gemma3",
+    "gpt_neox",
 ];
 
 fn source(name: &str) -> PathBuf {
@@ -151,22 +157,132 @@ fn quantized_recipes_store_their_type_mix_and_stay_near_the_f32_logits() {
     }
 }
 
+/// A random model of fixture `name`'s spec changed by `edit`.
+fn edited_model(
+    name: &str,
+    edit: impl FnOnce(&mut ember_model::ModelSpec),
+) -> ember_model::Transformer<B> {
+    let file = GgufFile::open(source(name)).unwrap();
+    let (_, mut spec) = gguf::model_spec(&file).unwrap();
+    edit(&mut spec);
+    ember_model::Transformer::from_source(
+        &spec,
+        &mut ember_model::weights::RandomInit::with_std(7, 2, 0.3),
+        &Default::default(),
+        None,
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_mistral_model_is_written_as_llama_and_reads_back_as_the_same_model() {
+    // llama.cpp's converter writes Mistral (without a window) as `llama`.
+    let dir = tempfile::tempdir().unwrap();
+    let model = edited_model("mistral", |s| {
+        s.architecture = "MistralForCausalLM".to_string()
+    });
+    let out = dir.path().join("mistral.gguf");
+    let export = GgufExport {
+        recipe: GgufRecipe::F32,
+        tokenizer: Vec::new(),
+        name: None,
+    };
+    gguf::save_gguf(&model, &export, &out, None).unwrap();
+    let file = GgufFile::open(&out).unwrap();
+    assert_eq!(
+        file.get("general.architecture"),
+        Some(&MetadataValue::String("llama".to_string()))
+    );
+    let (_, spec) = gguf::model_spec(&file).unwrap();
+    let mut as_llama = model.spec().clone();
+    as_llama.architecture = "LlamaForCausalLM".to_string();
+    assert_eq!(spec, as_llama);
+    let (ids, _) = expected("mistral");
+    let ours = model
+        .forward(tokens(&ids))
+        .unwrap()
+        .into_data()
+        .into_vec::<f32>()
+        .unwrap();
+    assert_eq!(max_abs_diff(&logits(&file, &ids), &ours), 0.0);
+}
+
 #[test]
 fn files_that_cannot_be_written_are_refused_and_nothing_is_left_behind() {
+    use ember_model::{Positions, RopeScaling};
     let dir = tempfile::tempdir().unwrap();
-    for (name, needle) in [("gemma2", "does not write"), ("llama3", "rope scaling")] {
-        let file = GgufFile::open(source(name)).unwrap();
-        let model = gguf::load::<B>(&file, &Default::default(), None).unwrap();
-        let out = dir.path().join(format!("{name}.gguf"));
+    let cases = [
+        // llama.cpp runs other rules than these specs say, so each file would be another model in llama.cpp.
+        (
+            "gemma2: every layer sliding",
+            edited_model("gemma2", |s| {
+                s.attention_windows = vec![Some(8); s.num_layers];
+            }),
+            "global",
+        ),
+        (
+            "gemma2: no soft caps",
+            edited_model("gemma2", |s| s.features.attn_softcap = None),
+            "caps every Gemma 2",
+        ),
+        (
+            "gemma3: a soft cap",
+            edited_model("gemma3", |s| s.features.final_softcap = Some(30.0)),
+            "no soft caps",
+        ),
+        (
+            "phi3: two window sizes",
+            edited_model("phi3", |s| s.attention_windows[0] = Some(4)),
+            "one window",
+        ),
+        (
+            "llama: dynamic NTK scaling",
+            edited_model("llama", |s| {
+                if let Positions::Rope(rope) = &mut s.positions {
+                    rope.scaling = RopeScaling::Dynamic {
+                        factor: 2.0,
+                        max_position_embeddings: 32,
+                    };
+                }
+            }),
+            "dynamic",
+        ),
+        (
+            "gpt_neox: linear scaling",
+            edited_model("gpt_neox", |s| {
+                if let Positions::Rope(rope) = &mut s.positions {
+                    rope.scaling = RopeScaling::Linear { factor: 2.0 };
+                }
+            }),
+            "no RoPE scaling",
+        ),
+        (
+            "mistral: a sliding window",
+            edited_model("mistral", |s| {
+                s.architecture = "MistralForCausalLM".to_string();
+                s.attention_windows = vec![Some(8); s.num_layers];
+            }),
+            "slide over 8 tokens",
+        ),
+        // A spec the metadata cannot carry at all is caught by reading the written file back: Qwen2 with
+        // LLaMA's MLP biases reads back without them.
+        (
+            "qwen2: MLP biases",
+            edited_model("qwen2", |s| s.features.biases.mlp_in = true),
+            "load back as a different model",
+        ),
+    ];
+    for (case, model, needle) in cases {
+        let out = dir.path().join("refused.gguf");
         let export = GgufExport {
             recipe: GgufRecipe::F32,
-            tokenizer: gguf::tokenizer_metadata(&file),
+            tokenizer: Vec::new(),
             name: None,
         };
         let err = gguf::save_gguf(&model, &export, &out, None)
             .unwrap_err()
             .to_string();
-        assert!(err.contains(needle), "{name}: {err}");
+        assert!(err.contains(needle), "{case}: {err}");
     }
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(left.is_empty(), "files left: {left:?}");

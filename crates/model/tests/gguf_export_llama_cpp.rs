@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use common::{B, floats, max_abs_diff, tokens};
-use ember_model::gguf::{self, GgufExport, GgufFile, GgufRecipe};
+use ember_model::gguf::{self, GgufExport, GgufFile, GgufRecipe, GgufSource};
 use safetensors::SafeTensors;
 use serde_json::Value;
 
@@ -31,7 +31,7 @@ fn fnv1a64(bytes: &[u8]) -> String {
     format!("{h:016x}")
 }
 
-/// Writes fixture `name` under `recipe` into `dir` as `ember export` / `ember quantize --name NAME` do.
+/// Writes fixture `name` under `recipe` into `dir` as `ember export` / `ember quantize --name fixture` do.
 fn write(name: &str, recipe: GgufRecipe, dir: &Path) -> PathBuf {
     let source = common::fixture("gguf_families").join(format!("{name}.gguf.bin"));
     let file = GgufFile::open(&source).unwrap();
@@ -50,7 +50,8 @@ fn write_model(
     let export = GgufExport {
         recipe,
         tokenizer: gguf::tokenizer_metadata(file),
-        name: Some(name.to_string()),
+        // The fixture script's `--name`.
+        name: Some("fixture".to_string()),
     };
     gguf::save_gguf(model, &export, &out, None).unwrap_or_else(|e| panic!("{name} {recipe}: {e}"));
     out
@@ -61,9 +62,10 @@ fn write_model(
 fn tolerance(name: &str, recipe: GgufRecipe) -> f32 {
     match recipe {
         // ggml's CPU GELU reads a table indexed by the f16-rounded input (`GGML_GELU_FP16` in ggml-cpu's
-        // vec.h), ember (like transformers, which this fixture matches to 1e-4) computes it in f32. Measured
-        // 2.0e-3.
-        GgufRecipe::F32 if name == "gpt2" => 1e-2,
+        // vec.h), and it is the tanh form for GPT-NeoX too; ember (like transformers, which these fixtures
+        // match to 1e-4) computes it in f32, exactly (erf) for GPT-NeoX. Measured 2.0e-3 (GPT-2), 2.3e-3
+        // (GPT-NeoX), 2.8e-3 (Gemma 2), 3.7e-3 (Gemma 3).
+        GgufRecipe::F32 if ["gpt2", "gpt_neox", "gemma2", "gemma3"].contains(&name) => 1e-2,
         // f32 weights and (the fixture asks for it) an f32 KV cache on both sides; only the summation order
         // differs, as for every f32 parity fixture. Measured ~1e-5.
         GgufRecipe::F32 => 1e-4,
@@ -85,7 +87,7 @@ fn llama_cpp_runs_embers_files_with_embers_logits() {
     let bytes = std::fs::read(fixture_dir().join("llama_cpp.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let cases = record["cases"].as_object().unwrap();
-    assert!(cases.len() >= 11, "the fixture lost cases");
+    assert!(cases.len() >= 20, "the fixture lost cases");
     let mut failures = Vec::new();
     for (case, info) in cases {
         let (name, recipe_name) = case.split_once('.').unwrap();
@@ -104,7 +106,21 @@ fn llama_cpp_runs_embers_files_with_embers_logits() {
             .map(|v| v.as_u64().unwrap() as u32)
             .collect();
         let file = GgufFile::open(&path).unwrap();
-        let model = gguf::load::<B>(&file, &Default::default(), None).unwrap();
+        let (family, mut spec) = gguf::model_spec(&file).unwrap();
+        if spec.architecture == "Phi3ForCausalLM" {
+            // llama.cpp (0.3.36) runs Phi-3 without its sliding window, whatever
+            // `phi3.attention.sliding_window` says; ember keeps it, as transformers does (the family fixture
+            // checks that). Past the window the two models differ by design (by ~9 on this fixture), so the
+            // file is compared with ember running it in full.
+            spec.attention_windows = vec![None; spec.num_layers];
+        }
+        let model = ember_model::Transformer::<B>::from_source(
+            &spec,
+            &mut GgufSource::new(&file, family, &spec),
+            &Default::default(),
+            None,
+        )
+        .unwrap();
         let ours = model
             .forward(tokens(&ids))
             .unwrap()

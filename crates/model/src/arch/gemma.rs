@@ -472,6 +472,10 @@ impl Family for Gemma2 {
         gemma_gguf_config(h, &GEMMA2)
     }
 
+    fn gguf_metadata(&self, spec: &ModelSpec) -> Result<Vec<(String, MetadataValue)>, String> {
+        gemma_gguf_metadata(spec, &GEMMA2)
+    }
+
     fn gguf_tensor(&self, _spec: &ModelSpec, tensor: &TensorSpec) -> Option<GgufTensor> {
         gemma_gguf_tensor(tensor)
     }
@@ -500,6 +504,10 @@ impl Family for Gemma3 {
 
     fn gguf_config(&self, h: &GgufHparams<'_>) -> Result<Value, GgufError> {
         gemma_gguf_config(h, &GEMMA3)
+    }
+
+    fn gguf_metadata(&self, spec: &ModelSpec) -> Result<Vec<(String, MetadataValue)>, String> {
+        gemma_gguf_metadata(spec, &GEMMA3)
     }
 
     fn gguf_tensor(&self, _spec: &ModelSpec, tensor: &TensorSpec) -> Option<GgufTensor> {
@@ -569,6 +577,67 @@ fn gemma_gguf_config(h: &GgufHparams<'_>, generation: &Generation) -> Result<Val
         config["rope_local_base_freq"] = json!(local);
     }
     Ok(config)
+}
+
+/// The metadata of a Gemma GGUF file, or why llama.cpp would run `spec` differently: llama.cpp fixes what the
+/// file does not say (which layers slide, Gemma 2's soft caps when absent, one RoPE scaling for the global
+/// layers only), so a spec off those rules is refused here rather than written as another model. The attention
+/// scale and everything else is checked by reading the file back.
+fn gemma_gguf_metadata(
+    spec: &ModelSpec,
+    generation: &Generation,
+) -> Result<Vec<(String, MetadataValue)>, String> {
+    let f = &spec.features;
+    let arch = generation.gguf;
+    let sizes: Vec<usize> = spec.attention_windows.iter().flatten().copied().collect();
+    if sizes.windows(2).any(|w| w[0] != w[1]) {
+        return Err("Gemma layers share one sliding window size".to_string());
+    }
+    let n = generation.global_every;
+    let pattern = (0..spec.num_layers)
+        .all(|il| spec.attention_windows.get(il).is_some_and(Option::is_some) == (il % n < n - 1));
+    if !pattern {
+        return Err(format!(
+            "llama.cpp runs {} with layers {}, {}, ... global and the others sliding, which these layers' \
+             windows are not",
+            generation.architecture,
+            n - 1,
+            2 * n - 1
+        ));
+    }
+    let is_gemma3 = generation.model_type == GEMMA3.model_type;
+    let capped = f.attn_softcap.is_some() && f.final_softcap.is_some();
+    if is_gemma3 && (f.attn_softcap.is_some() || f.final_softcap.is_some()) {
+        return Err("llama.cpp's gemma3 has no soft caps".to_string());
+    }
+    if !is_gemma3 && !capped {
+        return Err(
+            "llama.cpp caps every Gemma 2's attention scores and logits (50 and 30 when the \
+                    file gives none)"
+                .to_string(),
+        );
+    }
+    let mut out = crate::gguf::rope_lineage_metadata(arch, spec)?;
+    let mut put = |key: &str, value: MetadataValue| out.push((format!("{arch}.{key}"), value));
+    if let Some(cap) = f.attn_softcap {
+        put("attn_logit_softcapping", MetadataValue::F32(cap as f32));
+    }
+    if let Some(cap) = f.final_softcap {
+        put("final_logit_softcapping", MetadataValue::F32(cap as f32));
+    }
+    if let Some(&window) = sizes.first() {
+        put(
+            "attention.sliding_window",
+            crate::gguf::count_value(window, "sliding window")?,
+        );
+    }
+    if let Some(local) = &f.local_rope {
+        if local.scaling != ember_attention::RopeScaling::None {
+            return Err("llama.cpp scales the RoPE of Gemma's global layers only".to_string());
+        }
+        put("rope.freq_base_swa", MetadataValue::F32(local.theta as f32));
+    }
+    Ok(out)
 }
 
 /// Gemma's GGUF tensors: llama.cpp's names (`post_attention_norm`, `ffn_norm` for the pre-feed-forward norm,

@@ -9,7 +9,7 @@ use super::{
     Family, GgufTensor, ScratchShape, TensorSource, activation, derived_head_dim, from_value,
     gguf_names, layer_count, rope, split_layer,
 };
-use crate::gguf::{GgufError, GgufHparams};
+use crate::gguf::{GgufError, GgufHparams, MetadataValue};
 use crate::spec::{Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
 use crate::tensors::{EMBED, LM_HEAD, TensorSpec};
 
@@ -224,6 +224,51 @@ impl Family for GptNeoX {
 
     fn gguf_architecture(&self) -> Option<&'static str> {
         Some("gptneox")
+    }
+
+    /// The keys llama.cpp's `gptneox` reads; the rest (LayerNorm, GELU, biases on every projection) is fixed
+    /// by the architecture, and the spec check after writing refuses a GPT-NeoX spec they cannot carry.
+    fn gguf_metadata(&self, spec: &ModelSpec) -> Result<Vec<(String, MetadataValue)>, String> {
+        let Positions::Rope(rope) = &spec.positions else {
+            return Err("GPT-NeoX uses RoPE".to_string());
+        };
+        if rope.scaling != ember_attention::RopeScaling::None {
+            return Err("llama.cpp's gptneox reads no RoPE scaling".to_string());
+        }
+        let count = crate::gguf::count_value;
+        let key = |k: &str| format!("gptneox.{k}");
+        Ok(vec![
+            (
+                key("context_length"),
+                count(spec.context_length, "context length")?,
+            ),
+            (
+                key("embedding_length"),
+                count(spec.hidden_size, "hidden size")?,
+            ),
+            (key("block_count"), count(spec.num_layers, "layer count")?),
+            (
+                key("feed_forward_length"),
+                count(spec.intermediate_size, "MLP width")?,
+            ),
+            (
+                key("rope.dimension_count"),
+                count(rope.rotary_dim, "rotary width")?,
+            ),
+            (key("rope.freq_base"), MetadataValue::F32(rope.theta as f32)),
+            (
+                key("attention.head_count"),
+                count(spec.num_heads, "head count")?,
+            ),
+            (
+                key("use_parallel_residual"),
+                MetadataValue::Bool(spec.features.residual == Residual::Parallel),
+            ),
+            (
+                key("attention.layer_norm_epsilon"),
+                MetadataValue::F32(spec.features.norm.eps as f32),
+            ),
+        ])
     }
 
     fn gguf_config(&self, h: &GgufHparams<'_>) -> Result<Value, GgufError> {

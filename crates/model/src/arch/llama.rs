@@ -194,8 +194,19 @@ impl Family for Llama {
         Some("llama")
     }
 
+    /// LLaMA 3 scaling has no keys: the converter stores its divisors as `rope_freqs.weight`
+    /// ([`Family::gguf_rope_tensors`]).
     fn gguf_metadata(&self, spec: &ModelSpec) -> Result<Vec<(String, MetadataValue)>, String> {
-        crate::gguf::rope_lineage_metadata("llama", spec)
+        crate::gguf::rope_lineage_metadata("llama", &without_llama3_scaling(spec))
+    }
+
+    fn gguf_rope_tensors(&self, spec: &ModelSpec) -> Vec<(&'static str, Vec<f32>)> {
+        match &spec.positions {
+            Positions::Rope(rope) if matches!(rope.scaling, RopeScaling::Llama3 { .. }) => {
+                vec![(ROPE_FREQS, rope::frequency_divisors(rope))]
+            }
+            _ => Vec::new(),
+        }
     }
 
     fn gguf_config(&self, h: &GgufHparams<'_>) -> Result<Value, GgufError> {
@@ -224,6 +235,17 @@ impl Family for Llama {
 
 /// The GGUF tensor of per-frequency RoPE divisors the converter writes for LLaMA 3 scaling.
 const ROPE_FREQS: &str = "rope_freqs.weight";
+
+/// `spec` with LLaMA 3 scaling taken out of its RoPE, for the metadata that does not carry it.
+fn without_llama3_scaling(spec: &ModelSpec) -> ModelSpec {
+    let mut plain = spec.clone();
+    if let Positions::Rope(rope) = &mut plain.positions
+        && matches!(rope.scaling, RopeScaling::Llama3 { .. })
+    {
+        rope.scaling = RopeScaling::None;
+    }
+    plain
+}
 
 /// llama.cpp's placement of a LLaMA tensor: its usual name, q/k rows permuted.
 pub(crate) fn llama_gguf_tensor(spec: &ModelSpec, tensor: &TensorSpec) -> Option<GgufTensor> {

@@ -4,7 +4,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::llama::{LineageDefaults, lineage_config, lineage_spec};
-use super::{Family, TensorSource, from_value, hf_names};
+use super::{Family, GgufTensor, TensorSource, from_value, hf_names};
+use crate::gguf::MetadataValue;
 use crate::spec::ModelSpec;
 use crate::tensors::TensorSpec;
 
@@ -57,5 +58,28 @@ impl Family for Mistral {
         let mut config = lineage_config(spec, self.architecture(), "mistral")?;
         config["sliding_window"] = json!(window);
         Ok(config)
+    }
+
+    /// llama.cpp's converter writes Mistral as `llama`; such files read back as LLaMA (first in the registry
+    /// with that architecture), the same model under LLaMA's name.
+    fn gguf_architecture(&self) -> Option<&'static str> {
+        Some("llama")
+    }
+
+    /// The converter drops Mistral's window, and llama.cpp runs every layer of a `llama` file in full, so a
+    /// Mistral that slides (v0.1) is refused rather than written as another model; the later ones
+    /// (`sliding_window: null`) are LLaMA.
+    fn gguf_metadata(&self, spec: &ModelSpec) -> Result<Vec<(String, MetadataValue)>, String> {
+        if let Some(window) = spec.attention_windows.iter().flatten().next() {
+            return Err(format!(
+                "llama.cpp runs every layer of a `llama` file in full, and this model's layers slide over \
+                 {window} tokens"
+            ));
+        }
+        crate::gguf::rope_lineage_metadata("llama", spec)
+    }
+
+    fn gguf_tensor(&self, spec: &ModelSpec, tensor: &TensorSpec) -> Option<GgufTensor> {
+        super::llama::llama_gguf_tensor(spec, tensor)
     }
 }

@@ -28,7 +28,7 @@ mod mistral;
 mod phi3;
 mod qwen2;
 mod qwen3;
-mod rope;
+pub(crate) mod rope;
 mod scratch;
 
 /// How a stored tensor is laid out relative to our canonical orientation.
@@ -135,9 +135,15 @@ pub trait Family: Sync {
     /// as GGUF.
     fn gguf_metadata(&self, _spec: &ModelSpec) -> Result<Vec<(String, MetadataValue)>, String> {
         Err(format!(
-            "ember does not write {} models as GGUF yet (LLaMA, Qwen 2, Qwen 3 and GPT-2 are)",
+            "ember does not write {} models as GGUF (llama.cpp has no architecture for them)",
             self.architecture()
         ))
+    }
+
+    /// The 1-D f32 tensors a GGUF file of this family carries beside the weights, made from `spec` as the
+    /// converter makes them (LLaMA 3's `rope_freqs.weight`, LongRoPE's two factor tensors): name and values.
+    fn gguf_rope_tensors(&self, _spec: &ModelSpec) -> Vec<(&'static str, Vec<f32>)> {
+        Vec::new()
     }
 }
 
@@ -178,10 +184,13 @@ pub fn gguf_family(architecture: &str) -> Option<&'static dyn Family> {
 
 /// The GGUF architectures ember reads, in registry order.
 pub fn gguf_supported() -> Vec<&'static str> {
-    REGISTRY
-        .iter()
-        .filter_map(|f| f.gguf_architecture())
-        .collect()
+    let mut supported: Vec<&'static str> = Vec::new();
+    for arch in REGISTRY.iter().filter_map(|f| f.gguf_architecture()) {
+        if !supported.contains(&arch) {
+            supported.push(arch);
+        }
+    }
+    supported
 }
 
 /// Parses `config` (the contents of the file at `path`, used in error messages) into its family and spec.

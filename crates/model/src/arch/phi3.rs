@@ -1,13 +1,14 @@
 //! `Phi3ForCausalLM`: the LLaMA lineage with the query, key and value projections fused into `qkv_proj`
 //! (`[q; k; v]` rows) and the gate and up projections fused into `gate_up_proj` (`[gate; up]` rows).
 
+use ember_attention::RopeScaling;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::llama::{LineageDefaults, lineage_config, lineage_spec};
 use super::{Family, GgufTensor, TensorSource, from_value, gguf_names, hf_names, split_layer};
-use crate::gguf::{GgufError, GgufHparams};
-use crate::spec::ModelSpec;
+use crate::gguf::{GgufError, GgufHparams, MetadataValue};
+use crate::spec::{ModelSpec, Positions};
 use crate::tensors::TensorSpec;
 
 /// The Phi-3 family.
@@ -117,6 +118,65 @@ impl Family for Phi3 {
         let window = h.opt_uint("attention.sliding_window")?.filter(|&w| w > 0);
         config["sliding_window"] = json!(window);
         Ok(config)
+    }
+
+    /// As llama.cpp's converter writes Phi-3: the lineage's keys, the original context, the window (0 for none)
+    /// and LongRoPE's attention factor, whose divisors go to [`Family::gguf_rope_tensors`].
+    fn gguf_metadata(&self, spec: &ModelSpec) -> Result<Vec<(String, MetadataValue)>, String> {
+        let window = spec.attention_windows.first().copied().flatten();
+        if spec.attention_windows.iter().any(|w| *w != window) {
+            return Err("Phi-3 uses one window for every layer".to_string());
+        }
+        let mut plain = spec.clone();
+        let mut original = spec.context_length;
+        let mut attention_factor = None;
+        if let Positions::Rope(rope) = &mut plain.positions
+            && let RopeScaling::LongRope {
+                original_max_position_embeddings,
+                attention_factor: factor,
+                ..
+            } = rope.scaling
+        {
+            original = original_max_position_embeddings;
+            attention_factor = Some(factor);
+            rope.scaling = RopeScaling::None;
+        }
+        let mut out = crate::gguf::rope_lineage_metadata("phi3", &plain)?;
+        let count = crate::gguf::count_value;
+        out.push((
+            "phi3.rope.scaling.original_context_length".into(),
+            count(original, "original context length")?,
+        ));
+        out.push((
+            "phi3.attention.sliding_window".into(),
+            count(window.unwrap_or(0), "sliding window")?,
+        ));
+        if let Some(factor) = attention_factor {
+            out.push((
+                "phi3.rope.scaling.attn_factor".into(),
+                MetadataValue::F32(factor as f32),
+            ));
+        }
+        Ok(out)
+    }
+
+    fn gguf_rope_tensors(&self, spec: &ModelSpec) -> Vec<(&'static str, Vec<f32>)> {
+        let Positions::Rope(rope) = &spec.positions else {
+            return Vec::new();
+        };
+        let RopeScaling::LongRope {
+            short_factor,
+            long_factor,
+            ..
+        } = &rope.scaling
+        else {
+            return Vec::new();
+        };
+        let f32s = |v: &[f64]| v.iter().map(|&f| f as f32).collect();
+        vec![
+            (LONG_FACTORS, f32s(long_factor)),
+            (SHORT_FACTORS, f32s(short_factor)),
+        ]
     }
 
     /// `attn_qkv` holds `[q; k; v]` and `ffn_up` holds `[gate; up]`, as in the Hugging Face checkpoint.

@@ -287,6 +287,18 @@ pub(crate) fn to_parameters(rope: &RopeConfig) -> Value {
     params
 }
 
+/// The per-frequency divisors of `rope`'s scaling (`plain / scaled` inverse frequency per rotary pair), as
+/// llama.cpp's converter stores LLaMA 3 scaling in `rope_freqs.weight`; [`llama3_from_factors`] reads them.
+pub(crate) fn frequency_divisors(rope: &RopeConfig) -> Vec<f32> {
+    let plain = RopeConfig::new(rope.rotary_dim).with_theta(rope.theta);
+    plain
+        .inv_freq(0)
+        .iter()
+        .zip(rope.inv_freq(0))
+        .map(|(p, s)| (*p as f64 / s as f64) as f32)
+        .collect()
+}
+
 /// The LLaMA 3 scaling whose per-frequency divisors are `factors` (llama.cpp's `rope_freqs.weight`: the
 /// converter stores `inv_freq_plain / inv_freq_llama3` per rotary pair instead of the four parameters).
 ///

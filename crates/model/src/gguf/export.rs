@@ -44,11 +44,13 @@ pub struct GgufSummary {
 /// Where one canonical tensor goes: its place in the GGUF tensor, its canonical name and shape.
 type Piece = (GgufTensor, String, Vec<usize>);
 
-/// One GGUF tensor to write: its shape and the canonical tensors stored in it (one, or the parts of a fused one).
+/// One GGUF tensor to write: its shape and the canonical tensors stored in it (one, or the parts of a fused one),
+/// or, for a tensor made from the spec (RoPE divisors), its values.
 struct Planned {
     name: String,
     shape: Vec<usize>,
     pieces: Vec<Piece>,
+    made: Option<Vec<f32>>,
 }
 
 /// Writes `model` to `path` as a GGUF file (atomically) and checks that it loads back as the same model.
@@ -71,6 +73,11 @@ pub fn save_gguf<B: EmberBackend>(
         .gguf_architecture()
         .ok_or_else(|| unwritable("ember does not write this family as GGUF".to_string()))?;
     let family_metadata = family.gguf_metadata(spec).map_err(unwritable)?;
+    let mut expected = lineage::as_stored(spec).map_err(unwritable)?;
+    // The file reads back as the family llama.cpp's architecture names (Mistral as LLaMA).
+    if let Some(reader) = arch::gguf_family(gguf_arch) {
+        expected.architecture = reader.architecture().to_string();
+    }
 
     let mut writer = GgufWriter::new();
     writer.set(
@@ -92,7 +99,17 @@ pub fn save_gguf<B: EmberBackend>(
         writer.set(key.clone(), value.clone());
     }
 
-    let planned = plan(family, spec).map_err(unwritable)?;
+    let mut planned: Vec<Planned> = family
+        .gguf_rope_tensors(spec)
+        .into_iter()
+        .map(|(name, values)| Planned {
+            name: name.to_string(),
+            shape: vec![values.len()],
+            pieces: Vec::new(),
+            made: Some(values),
+        })
+        .collect();
+    planned.extend(plan(family, spec).map_err(unwritable)?);
     let tied = !planned.iter().any(|t| t.name == OUTPUT);
     let gqa = spec.num_heads / spec.num_kv_heads.max(1);
     let mut summary = GgufSummary::default();
@@ -132,7 +149,7 @@ pub fn save_gguf<B: EmberBackend>(
             ))
         })
     };
-    write_checked(&writer, path, spec, data)?;
+    write_checked(&writer, path, spec, &expected, data)?;
     if let Some(report) = progress.as_mut() {
         report(total, total, "");
     }
@@ -156,6 +173,7 @@ fn plan(
                 name: place.name.clone(),
                 shape: tensor.shape.clone(),
                 pieces: Vec::new(),
+                made: None,
             });
             planned.len() - 1
         });
@@ -180,6 +198,9 @@ fn fuse<B: EmberBackend>(
     model: &Transformer<B>,
     tensor: &Planned,
 ) -> std::result::Result<Vec<f32>, String> {
+    if let Some(values) = &tensor.made {
+        return Ok(values.clone());
+    }
     let cols: usize = tensor.shape[1..].iter().product::<usize>().max(1);
     let mut values = vec![0.0f32; tensor.shape.iter().product()];
     let mut covered = 0usize;
@@ -241,11 +262,13 @@ fn quantize_parallel(
     Ok(out)
 }
 
-/// Writes `writer` to `path`, first to a temporary file that must read back as `spec` before it is renamed.
+/// Writes `writer` to `path`, first to a temporary file that must read back as `expected` (`spec` as GGUF holds
+/// it) before it is renamed.
 fn write_checked(
     writer: &GgufWriter,
     path: &Path,
     spec: &crate::spec::ModelSpec,
+    expected: &crate::spec::ModelSpec,
     data: impl FnMut(usize) -> Result<Vec<u8>>,
 ) -> Result<()> {
     let check = path.with_file_name(format!(
@@ -257,13 +280,12 @@ fn write_checked(
     let verdict = (|| -> Result<()> {
         let file = GgufFile::open(&check)?;
         let (_, reread) = super::model_spec(&file)?;
-        let expected = lineage::as_stored(spec);
-        if reread != expected {
+        if reread != *expected {
             return Err(ModelError::Unsaveable {
                 architecture: format!("{} (GGUF)", spec.architecture),
                 reason: format!(
                     "the GGUF metadata would load back as a different model: {}",
-                    crate::save::spec_differences(&expected, &reread).join(", ")
+                    crate::save::spec_differences(expected, &reread).join(", ")
                 ),
             });
         }

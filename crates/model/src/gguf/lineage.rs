@@ -4,21 +4,46 @@
 use ember_attention::RopeScaling;
 
 use super::MetadataValue;
+use crate::arch::rope;
 use crate::spec::{ModelSpec, Positions};
 
-/// GGUF stores these floats as f32 (llama.cpp refuses any other type for them), so a spec written to GGUF
-/// reads back with them rounded to f32: `spec` as a GGUF file can hold it.
-pub(crate) fn as_stored(spec: &ModelSpec) -> ModelSpec {
+/// `spec` as a GGUF file can hold it. GGUF stores these floats as f32 (llama.cpp refuses any other type for
+/// them), so a spec written to GGUF reads back with them rounded to f32. LLaMA 3 scaling is stored as its
+/// frequency divisors, whose parameters are not unique: it reads back as the parameters
+/// [`rope::llama3_from_factors`] solves from them, which give the same frequencies.
+pub(crate) fn as_stored(spec: &ModelSpec) -> Result<ModelSpec, String> {
     let mut stored = spec.clone();
     let round = |v: f64| f64::from(v as f32);
     stored.features.norm.eps = round(stored.features.norm.eps);
-    if let Positions::Rope(rope) = &mut stored.positions {
+    let global = match &mut stored.positions {
+        Positions::Rope(rope) => Some(rope),
+        _ => None,
+    };
+    for rope in global
+        .into_iter()
+        .chain(stored.features.local_rope.as_mut())
+    {
+        let divisors = rope::frequency_divisors(rope);
         rope.theta = round(rope.theta);
-        if let RopeScaling::Linear { factor } = &mut rope.scaling {
-            *factor = round(*factor);
+        match &mut rope.scaling {
+            RopeScaling::Linear { factor } => *factor = round(*factor),
+            RopeScaling::Llama3 { .. } => {
+                rope.scaling = rope::llama3_from_factors(rope.theta, rope.rotary_dim, &divisors)?;
+            }
+            RopeScaling::LongRope {
+                short_factor,
+                long_factor,
+                attention_factor,
+                ..
+            } => {
+                short_factor.iter_mut().for_each(|f| *f = round(*f));
+                long_factor.iter_mut().for_each(|f| *f = round(*f));
+                *attention_factor = round(*attention_factor);
+            }
+            RopeScaling::None | RopeScaling::Dynamic { .. } => {}
         }
     }
-    stored
+    Ok(stored)
 }
 
 /// `n` as the u32 GGUF stores counts in, or an error naming `what` when it does not fit.
@@ -86,7 +111,8 @@ pub(crate) fn rope_lineage_metadata(
                 _ => "this",
             };
             return Err(format!(
-                "its `{name}` rope scaling is not written to GGUF yet (none and linear are)"
+                "llama.cpp's `{arch}` files cannot carry its `{name}` rope scaling (they carry none and \
+                 linear; `llama` also llama3, `phi3` longrope)"
             ));
         }
     }
