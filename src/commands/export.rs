@@ -7,8 +7,8 @@ use anyhow::{Context as _, bail};
 use ember_inference::{ModelAssets, WeightFormat, WeightsFile};
 use ember_model::EmberBackend;
 use ember_model::gguf::{
-    GgufExport, GgufRecipe, GgufSummary, MetadataValue, save_gguf, tokenizer_metadata,
-    vocab_metadata,
+    GgufExport, GgufRecipe, GgufSummary, MetadataValue, check_gguf_writable, save_gguf,
+    tokenizer_metadata, vocab_metadata,
 };
 
 use crate::Context;
@@ -98,6 +98,8 @@ pub fn write_gguf(
         bail!("--out must differ from --model (the file being read would be replaced)");
     }
     let assets = ModelAssets::open(model)?;
+    // The family's refusal comes before the tokenizer's and before minutes of loading weights.
+    check_gguf_writable(&assets.spec).with_context(|| format!("--model {}", model.display()))?;
     let tokenizer = tokenizer_keys(&assets)?;
     if let WeightsFile::Gguf(file) = &assets.weights
         && recipe.default_type().is_block_quantized()

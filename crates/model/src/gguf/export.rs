@@ -17,6 +17,7 @@ use super::{GgmlType, GgufError, GgufFile, MetadataValue, OUTPUT, lineage, permu
 use crate::arch::{self, GgufTensor};
 use crate::error::{ModelError, Result};
 use crate::save::parameter_values;
+use crate::spec::ModelSpec;
 use crate::transformer::Transformer;
 
 /// What goes into a GGUF file besides the model's weights.
@@ -67,17 +68,12 @@ pub fn save_gguf<B: EmberBackend>(
         architecture: format!("{} (GGUF)", spec.architecture),
         reason,
     };
-    let family = arch::family(&spec.architecture)
-        .ok_or_else(|| unwritable("not a supported architecture".to_string()))?;
-    let gguf_arch = family
-        .gguf_architecture()
-        .ok_or_else(|| unwritable("ember does not write this family as GGUF".to_string()))?;
-    let family_metadata = family.gguf_metadata(spec).map_err(unwritable)?;
-    let mut expected = lineage::as_stored(spec).map_err(unwritable)?;
-    // The file reads back as the family llama.cpp's architecture names (Mistral as LLaMA).
-    if let Some(reader) = arch::gguf_family(gguf_arch) {
-        expected.architecture = reader.architecture().to_string();
-    }
+    let Layout {
+        gguf_arch,
+        metadata: family_metadata,
+        expected,
+        planned,
+    } = layout(spec)?;
 
     let mut writer = GgufWriter::new();
     writer.set(
@@ -99,17 +95,6 @@ pub fn save_gguf<B: EmberBackend>(
         writer.set(key.clone(), value.clone());
     }
 
-    let mut planned: Vec<Planned> = family
-        .gguf_rope_tensors(spec)
-        .into_iter()
-        .map(|(name, values)| Planned {
-            name: name.to_string(),
-            shape: vec![values.len()],
-            pieces: Vec::new(),
-            made: Some(values),
-        })
-        .collect();
-    planned.extend(plan(family, spec).map_err(unwritable)?);
     let tied = !planned.iter().any(|t| t.name == OUTPUT);
     let gqa = spec.num_heads / spec.num_kv_heads.max(1);
     let mut summary = GgufSummary::default();
@@ -156,11 +141,58 @@ pub fn save_gguf<B: EmberBackend>(
     Ok(summary)
 }
 
+/// What a GGUF file of a model of `spec` holds besides its tensor data.
+struct Layout {
+    gguf_arch: &'static str,
+    metadata: Vec<(String, MetadataValue)>,
+    /// The spec the file must read back as.
+    expected: ModelSpec,
+    planned: Vec<Planned>,
+}
+
+/// Checks, before any weights are touched, that a model of `spec` can be written as a GGUF file llama.cpp runs
+/// and that reads back as the same model: the error names what stands in the way.
+pub fn check_gguf_writable(spec: &ModelSpec) -> Result<()> {
+    layout(spec).map(|_| ())
+}
+
+fn layout(spec: &ModelSpec) -> Result<Layout> {
+    let unwritable = |reason: String| ModelError::Unsaveable {
+        architecture: format!("{} (GGUF)", spec.architecture),
+        reason,
+    };
+    let family = arch::family(&spec.architecture)
+        .ok_or_else(|| unwritable("not a supported architecture".to_string()))?;
+    let gguf_arch = family
+        .gguf_architecture()
+        .ok_or_else(|| unwritable("ember does not write this family as GGUF".to_string()))?;
+    let metadata = family.gguf_metadata(spec).map_err(unwritable)?;
+    let mut expected = lineage::as_stored(spec).map_err(unwritable)?;
+    // The file reads back as the family llama.cpp's architecture names (Mistral as LLaMA).
+    if let Some(reader) = arch::gguf_family(gguf_arch) {
+        expected.architecture = reader.architecture().to_string();
+    }
+    let mut planned: Vec<Planned> = family
+        .gguf_rope_tensors(spec)
+        .into_iter()
+        .map(|(name, values)| Planned {
+            name: name.to_string(),
+            shape: vec![values.len()],
+            pieces: Vec::new(),
+            made: Some(values),
+        })
+        .collect();
+    planned.extend(plan(family, spec).map_err(unwritable)?);
+    Ok(Layout {
+        gguf_arch,
+        metadata,
+        expected,
+        planned,
+    })
+}
+
 /// Every GGUF tensor of a model of `spec`, in the order its canonical tensors come, with the pieces it holds.
-fn plan(
-    family: &dyn arch::Family,
-    spec: &crate::spec::ModelSpec,
-) -> std::result::Result<Vec<Planned>, String> {
+fn plan(family: &dyn arch::Family, spec: &ModelSpec) -> std::result::Result<Vec<Planned>, String> {
     let mut planned: Vec<Planned> = Vec::new();
     let mut index: BTreeMap<String, usize> = BTreeMap::new();
     for tensor in spec.tensors() {
@@ -267,8 +299,8 @@ fn quantize_parallel(
 fn write_checked(
     writer: &GgufWriter,
     path: &Path,
-    spec: &crate::spec::ModelSpec,
-    expected: &crate::spec::ModelSpec,
+    spec: &ModelSpec,
+    expected: &ModelSpec,
     data: impl FnMut(usize) -> Result<Vec<u8>>,
 ) -> Result<()> {
     let check = path.with_file_name(format!(

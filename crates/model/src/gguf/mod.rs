@@ -24,7 +24,7 @@ use memmap2::Mmap;
 /// ggml's types and their dequantization live with the kernels that multiply packed blocks.
 pub use ember_attention::ggml::{GgmlType, dequantize};
 pub use error::GgufError;
-pub use export::{GgufExport, GgufSummary, save_gguf};
+pub use export::{GgufExport, GgufSummary, check_gguf_writable, save_gguf};
 pub use hparams::{GgufHparams, OUTPUT, TOKEN_EMBD};
 pub(crate) use lineage::{count_value, rope_lineage_metadata};
 pub use metadata::MetadataValue;
