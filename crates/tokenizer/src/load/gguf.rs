@@ -11,6 +11,7 @@ use crate::normalize::Normalize;
 use crate::tokenizer::{Parts, Tokenizer};
 
 /// llama.cpp's `tokenizer.ggml.token_type` values that matter here.
+const TYPE_UNKNOWN: i32 = 2;
 const TYPE_CONTROL: i32 = 3;
 const TYPE_USER_DEFINED: i32 = 4;
 const TYPE_BYTE: i32 = 6;
@@ -78,14 +79,16 @@ impl Tokenizer {
             }
         }
         let ty = |i: usize| vocab.token_types.get(i).copied().unwrap_or(1);
+        // llama.cpp matches the unknown token in text as it does control tokens.
         let added: Vec<AddedToken> = (0..n)
             .filter(|&i| {
-                matches!(ty(i), TYPE_CONTROL | TYPE_USER_DEFINED) && !vocab.tokens[i].is_empty()
+                matches!(ty(i), TYPE_UNKNOWN | TYPE_CONTROL | TYPE_USER_DEFINED)
+                    && !vocab.tokens[i].is_empty()
             })
             .map(|i| AddedToken {
                 content: vocab.tokens[i].clone(),
                 id: i as u32,
-                special: ty(i) == TYPE_CONTROL,
+                special: ty(i) != TYPE_USER_DEFINED,
             })
             .collect();
         match vocab.model.as_str() {
