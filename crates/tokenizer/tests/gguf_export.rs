@@ -55,7 +55,7 @@ fn byte_level_tokenizers_survive_the_gguf_vocabulary() {
 }
 
 /// SentencePiece-style vocabularies go in as llama.cpp's `llama` model, whose merges follow from token scores
-/// (crates/model/tests/gguf_spm_export.rs writes converted ones). These two were trained by Hugging Face
+/// (crates/model/tests/gguf_tokenizers.rs writes converted ones). These two were trained by Hugging Face
 /// `tokenizers`, one merge per token rather than every split, which scores cannot express: refused, naming a
 /// merge, rather than written to tokenize differently.
 #[test]

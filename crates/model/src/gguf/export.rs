@@ -64,10 +64,7 @@ pub fn save_gguf<B: EmberBackend>(
     mut progress: Option<crate::weights::Progress<'_>>,
 ) -> Result<GgufSummary> {
     let spec = model.spec();
-    let unwritable = |reason: String| ModelError::Unsaveable {
-        architecture: format!("{} (GGUF)", spec.architecture),
-        reason,
-    };
+    let unwritable = |reason: String| unwritable(spec, reason);
     let Layout {
         gguf_arch,
         metadata: family_metadata,
@@ -141,6 +138,14 @@ pub fn save_gguf<B: EmberBackend>(
     Ok(summary)
 }
 
+/// Why a model of `spec` cannot be written as GGUF.
+fn unwritable(spec: &ModelSpec, reason: String) -> ModelError {
+    ModelError::Unsaveable {
+        architecture: format!("{} (GGUF)", spec.architecture),
+        reason,
+    }
+}
+
 /// What a GGUF file of a model of `spec` holds besides its tensor data.
 struct Layout {
     gguf_arch: &'static str,
@@ -157,10 +162,7 @@ pub fn check_gguf_writable(spec: &ModelSpec) -> Result<()> {
 }
 
 fn layout(spec: &ModelSpec) -> Result<Layout> {
-    let unwritable = |reason: String| ModelError::Unsaveable {
-        architecture: format!("{} (GGUF)", spec.architecture),
-        reason,
-    };
+    let unwritable = |reason: String| unwritable(spec, reason);
     let family = arch::family(&spec.architecture)
         .ok_or_else(|| unwritable("not a supported architecture".to_string()))?;
     let gguf_arch = family

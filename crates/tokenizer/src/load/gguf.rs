@@ -10,11 +10,13 @@ use crate::load::{ModelSpec, byte_level_bytes, sentencepiece_bytes};
 use crate::normalize::Normalize;
 use crate::tokenizer::{Parts, Tokenizer};
 
-/// llama.cpp's `tokenizer.ggml.token_type` values that matter here.
-const TYPE_UNKNOWN: i32 = 2;
-const TYPE_CONTROL: i32 = 3;
-const TYPE_USER_DEFINED: i32 = 4;
-const TYPE_BYTE: i32 = 6;
+/// llama.cpp's `tokenizer.ggml.token_type` values (its `llama_token_type`), shared with the writer.
+pub(crate) const TYPE_NORMAL: i32 = 1;
+pub(crate) const TYPE_UNKNOWN: i32 = 2;
+pub(crate) const TYPE_CONTROL: i32 = 3;
+pub(crate) const TYPE_USER_DEFINED: i32 = 4;
+pub(crate) const TYPE_UNUSED: i32 = 5;
+pub(crate) const TYPE_BYTE: i32 = 6;
 
 /// The `tokenizer.ggml.*` metadata of a GGUF file as plain vectors.
 #[derive(Debug, Clone, Default)]
@@ -78,7 +80,7 @@ impl Tokenizer {
                 )));
             }
         }
-        let ty = |i: usize| vocab.token_types.get(i).copied().unwrap_or(1);
+        let ty = |i: usize| vocab.token_types.get(i).copied().unwrap_or(TYPE_NORMAL);
         // llama.cpp matches the unknown token in text as it does control tokens.
         let added: Vec<AddedToken> = (0..n)
             .filter(|&i| {

@@ -6,17 +6,12 @@
 use crate::bpe::Symbols;
 use crate::error::{Result, TokenizerError};
 use crate::load::GgufVocab;
+use crate::load::gguf::{
+    TYPE_BYTE, TYPE_CONTROL, TYPE_NORMAL, TYPE_UNKNOWN, TYPE_UNUSED, TYPE_USER_DEFINED,
+};
 use crate::load::gguf_pre::name_of;
 use crate::normalize::{Normalize, Prepend};
 use crate::tokenizer::Tokenizer;
-
-/// llama.cpp's `tokenizer.ggml.token_type` values.
-const TYPE_NORMAL: i32 = 1;
-const TYPE_UNKNOWN: i32 = 2;
-const TYPE_CONTROL: i32 = 3;
-const TYPE_USER_DEFINED: i32 = 4;
-const TYPE_UNUSED: i32 = 5;
-const TYPE_BYTE: i32 = 6;
 
 impl Tokenizer {
     /// This tokenizer as a GGUF vocabulary, such that [`Tokenizer::from_gguf_vocab`] (and llama.cpp) rebuilds one
@@ -24,9 +19,9 @@ impl Tokenizer {
     /// SentencePiece-style BPE whose merges scores can express as `llama`. Anything else is an error saying what.
     pub fn to_gguf_vocab(&self) -> Result<GgufVocab> {
         if let Symbols::Chars { byte_fallback } = &self.model.symbols {
-            return self.sentencepiece_vocab(byte_fallback.is_some());
+            let byte_ids = byte_fallback.as_deref().map_or(&[][..], |ids| &ids[..]);
+            return self.sentencepiece_vocab(byte_ids);
         }
-        let unsupported = unsupported_layout;
         // NFC is the one normalizer byte-level vocabularies carry (Qwen 2's); GGUF has no key for it and
         // llama.cpp's converter drops it, so the file tokenizes NFC text alike and other text as llama.cpp does.
         if let Some(normalizer) = self
@@ -34,25 +29,25 @@ impl Tokenizer {
             .iter()
             .find(|n| !matches!(n, Normalize::Nfc))
         {
-            return Err(unsupported(format!(
+            return Err(unsupported_layout(format!(
                 "a byte-level vocabulary with a normalizer ({normalizer:?}); llama.cpp's `gpt2` vocabularies \
                  have none"
             )));
         }
         if self.prefix_space || self.strip_leading_space {
-            return Err(unsupported(
+            return Err(unsupported_layout(
                 "a byte-level vocabulary that adds a prefix space; llama.cpp's `gpt2` vocabularies do not"
                     .into(),
             ));
         }
         let ignore_merges = self.model.whole_words.is_some();
         let pre = name_of(&self.splitters, ignore_merges).ok_or_else(|| {
-            unsupported(
+            unsupported_layout(
                 "a pre-tokenizer llama.cpp has no `tokenizer.ggml.pre` name for".to_string(),
             )
         })?;
         let tokens = self.model.tokens.clone();
-        let token_types = self.token_types(|_| false);
+        let token_types = self.token_types(&[]);
         let mut ranked: Vec<(u32, u32, u32)> = self
             .model
             .merges
@@ -83,18 +78,25 @@ impl Tokenizer {
     }
 
     /// llama.cpp's token type of each id: added tokens control (special) or user-defined, the unknown token
-    /// unknown, `is_byte` ids byte, empty slots unused, the rest normal.
-    fn token_types(&self, is_byte: impl Fn(&str) -> bool) -> Vec<i32> {
+    /// unknown, `byte_ids` (the byte-fallback tokens) byte, empty slots unused, the rest normal.
+    fn token_types(&self, byte_ids: &[u32]) -> Vec<i32> {
         let mut types: Vec<i32> = self
             .model
             .tokens
             .iter()
-            .map(|t| match t {
-                t if t.is_empty() => TYPE_UNUSED,
-                t if is_byte(t) => TYPE_BYTE,
-                _ => TYPE_NORMAL,
+            .map(|t| {
+                if t.is_empty() {
+                    TYPE_UNUSED
+                } else {
+                    TYPE_NORMAL
+                }
             })
             .collect();
+        for &id in byte_ids {
+            if let Some(ty) = types.get_mut(id as usize) {
+                *ty = TYPE_BYTE;
+            }
+        }
         for added in &self.added.tokens {
             if let Some(ty) = types.get_mut(added.id as usize) {
                 *ty = if added.special {
@@ -116,7 +118,7 @@ impl Tokenizer {
     /// it, the splits of one token adjacent in rank), as in every `tokenizer.json` converted from a SentencePiece
     /// model; the vocabulary is read back here and its merges compared, so merges learnt otherwise are refused
     /// rather than written to tokenize differently.
-    fn sentencepiece_vocab(&self, byte_fallback: bool) -> Result<GgufVocab> {
+    fn sentencepiece_vocab(&self, byte_ids: &[u32]) -> Result<GgufVocab> {
         let add_space_prefix = self.sentencepiece_prefix()?;
         if !self.splitters.is_empty() || self.prefix_space || self.model.whole_words.is_some() {
             return Err(unsupported_layout(
@@ -145,14 +147,13 @@ impl Tokenizer {
                 }
             })
             .collect();
-        let is_byte = |t: &str| byte_fallback && is_byte_token(t);
         let vocab = GgufVocab {
             path: Default::default(),
             model: "llama".to_string(),
             pre: None,
             tokens: self.model.tokens.clone(),
             scores,
-            token_types: self.token_types(is_byte),
+            token_types: self.token_types(byte_ids),
             merges: Vec::new(),
             bos: self.bos,
             eos: self.eos,
@@ -252,12 +253,4 @@ fn unsupported_layout(what: String) -> TokenizerError {
         path: "GGUF tokenizer.ggml".into(),
         what,
     }
-}
-
-/// A SentencePiece byte-fallback token, `<0x00>`..`<0xFF>`.
-fn is_byte_token(t: &str) -> bool {
-    t.len() == 6
-        && t.starts_with("<0x")
-        && t.ends_with('>')
-        && t.as_bytes()[3..5].iter().all(u8::is_ascii_hexdigit)
 }
