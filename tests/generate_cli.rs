@@ -193,8 +193,10 @@ fn smollm2_answers_the_capital_of_france() {
 /// "L'Étoile, la". Past those words each token is another near tie that an activation's rounding decides:
 /// llama.cpp itself has answered "L'Étoile, la Cité, la Nation, ..." and, at 2 threads on 2026-12-03,
 /// "L'Étoile, la Marseillaise, la femme, ...", and ember's integer path "L'Étoile, la Cité, ..." before that
-/// day's kernel changes (summation order) and "L'Étoile, la Marseillaise, la Cité, ..." after. So only the
-/// shared start is asserted.
+/// day's kernel changes (summation order) and "L'Étoile, la Marseillaise, la Cité, ..." after. On CPUs with
+/// AVX-512 VNNI the prompt's products are integer too (llama.cpp's are, with its f16 KV cache besides), and there
+/// ember's first token falls on the exact side of the tie, answering as the exact path does. So the integer
+/// path's answer is one of the tie's two sides: the exact answer, or the shared start of llama.cpp's.
 #[test]
 fn smollm2_answers_the_same_with_its_stored_quantization() {
     let Some(path) = smollm2() else { return };
@@ -228,8 +230,8 @@ fn smollm2_answers_the_same_with_its_stored_quantization() {
     assert_eq!(answer(true), "The capital of France is Paris.");
     let integer = answer(false);
     assert!(
-        integer.starts_with("L'Étoile, la "),
-        "the integer path parted from llama.cpp's reply: {integer}"
+        integer == "The capital of France is Paris." || integer.starts_with("L'Étoile, la "),
+        "the integer path parted from both sides of the first token's near tie: {integer}"
     );
 }
 
@@ -276,7 +278,8 @@ fn smollm2_interactive_chat_answers_turn_by_turn() {
 }
 
 /// `ember eval` scores held-out text: the f32 model and its stored Q4_1/Q8_0 form give the same perplexity up
-/// to summation order, and int4-g128 (a coarser requantization of already-4-bit weights) costs a little more.
+/// to summation order on the exact products, and within the 8-bit activations' rounding on the default ones;
+/// int4-g128 (a coarser requantization of already-4-bit weights) costs a little more.
 #[test]
 fn smollm2_eval_reports_perplexity_for_each_precision() {
     let Some(path) = smollm2() else { return };
@@ -309,8 +312,16 @@ fn smollm2_eval_reports_perplexity_for_each_precision() {
     );
     let bpb = |r: &serde_json::Value| r["bits_per_byte"].as_f64().unwrap();
     assert!(bpb(&f32_run) > 0.5 && bpb(&f32_run) < 5.0, "{f32_run}");
+    let exact = eval(&["--quantize", "gguf", "--exact-products"]);
     assert!(
-        (bpb(&stored) - bpb(&f32_run)).abs() < 1e-3,
+        (bpb(&exact) - bpb(&f32_run)).abs() < 1e-3,
+        "{exact} vs {f32_run}"
+    );
+    // Where the windows' products are integer (CPUs with AVX-512 VNNI) every activation is rounded to 8 bits,
+    // as llama.cpp's perplexity runs are: measured 3.6e-3 bits per byte (0.2%) here; 1e-2 bounds it, while a
+    // wrong block or row costs whole bits.
+    assert!(
+        (bpb(&stored) - bpb(&f32_run)).abs() < 1e-2,
         "{stored} vs {f32_run}"
     );
     assert!(

@@ -63,7 +63,10 @@ mod portable;
 mod rope;
 
 pub use backend::EmberBackend;
-pub use cpu::{exact_ggml_products, kernel_threads, set_exact_ggml_products, with_kernel_threads};
+pub use cpu::{
+    exact_ggml_products, integer_prompt_products, kernel_threads, set_exact_ggml_products,
+    with_kernel_threads,
+};
 pub use error::AttentionError;
 pub use flash::{FlashBlocks, FlashConfig, flash_backward, flash_forward};
 pub use kernel::{AttentionKernel, attention, check_shapes, flash_attention};

@@ -97,8 +97,9 @@ fn every_type_multiplies_like_the_f64_product_of_its_dequantized_weight() {
                 let input =
                     Tensor::<Flex, 2>::from_data(TensorData::new(x.clone(), [rows, cols]), &device);
                 let (exact, scale, activation) = reference(&x, &w, bias, cols);
-                // Decode-sized inputs (up to 16 rows) take the integer path unless the exact one is chosen.
-                let integer = rows <= 16;
+                // Decode-sized inputs (up to 16 rows) take the integer path unless the exact one is chosen;
+                // prompts do too on CPUs with AVX-512 VNNI.
+                let integer = rows <= 16 || ember_attention::integer_prompt_products();
                 let native = layer.forward(input.clone());
                 ember_attention::set_exact_ggml_products(true);
                 let native_f32 = layer.forward(input.clone());

@@ -11,6 +11,8 @@ mod cross_entropy;
 mod flash;
 mod ggml;
 mod int_dot;
+#[cfg(target_arch = "x86_64")]
+mod int_gemm;
 mod key_padding;
 mod linear;
 mod norm;
@@ -90,12 +92,13 @@ pub fn kernel_threads() -> usize {
 /// See [`set_exact_ggml_products`].
 static EXACT_GGML_PRODUCTS: AtomicBool = AtomicBool::new(false);
 
-/// Chooses, for the whole process, how burn-flex multiplies a decode step (up to 16 rows) with a weight kept as
-/// ggml blocks: `false` (the default, as llama.cpp does) quantizes each activation row to 8-bit chunks and takes
-/// integer dot products with the blocks, moving each output by at most `Σ |w_i| d_i / 2` (`d_i` the activation
-/// chunk's scale, `max |x| / 127`); `true` multiplies f32 activations with the dequantized blocks, exact up to
-/// f32 rounding and 3-30x slower per product (docs/BENCHMARKS.md): the oracle. Prompts (more rows) always take
-/// the exact tiled path.
+/// Chooses, for the whole process, how burn-flex multiplies activations with a weight kept as ggml blocks:
+/// `false` (the default, as llama.cpp does) quantizes each activation row to 8-bit chunks and takes integer dot
+/// products with the blocks, moving each output by at most `Σ |w_i| d_i / 2` (`d_i` the activation chunk's
+/// scale, `max |x| / 127`); `true` multiplies f32 activations with the dequantized blocks, exact up to f32
+/// rounding and 3-30x slower per decode product (docs/BENCHMARKS.md): the oracle. Prompts (more than 16 rows)
+/// take the integer path only on CPUs with AVX-512 VNNI (as do decode batches of 8 rows or more there), where it
+/// is 2-3x faster than dequantizing tiles for gemm; elsewhere they are exact either way.
 pub fn set_exact_ggml_products(exact: bool) {
     EXACT_GGML_PRODUCTS.store(exact, Ordering::Relaxed);
 }
@@ -103,6 +106,19 @@ pub fn set_exact_ggml_products(exact: bool) {
 /// Whether [`set_exact_ggml_products`] chose the exact path.
 pub fn exact_ggml_products() -> bool {
     EXACT_GGML_PRODUCTS.load(Ordering::Relaxed)
+}
+
+/// Whether products of 8 rows or more (prompts, decode batches of 8 or more) with ggml blocks take the integer
+/// tiles: the default products ([`set_exact_ggml_products`]) on a CPU with AVX-512 VNNI.
+pub fn integer_prompt_products() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        !exact_ggml_products() && int_gemm::Vnni::detect().is_some()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// A zero-filled f32 tensor of `shape`. `FlexTensor::empty` allocates bytes and copies them once more to

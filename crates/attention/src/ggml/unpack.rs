@@ -74,12 +74,15 @@ pub(crate) trait Unpack {
     const BLOCK_BYTES: usize;
     /// Chunks of one block: 1 for the legacy types, 8 for a K-quant super-block.
     const CHUNKS: usize;
+    /// Whether a chunk's two halves have maps of their own (Q2_K, Q3_K and Q6_K scale 16 weights at a time);
+    /// otherwise `scale[0] == scale[1]` and `min[0] == min[1]`, and a kernel may apply one map per chunk.
+    const HALF_MAPS: bool;
     /// Expands one block into `out[..CHUNKS]`, its f16 scales read by `h`.
     fn unpack<H: F16Reader>(h: H, block: &[u8], out: &mut [IntChunk]);
 }
 
 macro_rules! unpackers {
-    ($($name:ident: $fun:ident, $signed:expr, $offset:expr, $bytes:expr, $chunks:expr;)*) => {$(
+    ($($name:ident: $fun:ident, $signed:expr, $offset:expr, $bytes:expr, $chunks:expr, $halves:expr;)*) => {$(
         #[doc = concat!("[`Unpack`] of ", stringify!($name), " blocks.")]
         #[allow(non_camel_case_types)]
         pub(crate) struct $name;
@@ -89,6 +92,7 @@ macro_rules! unpackers {
             const OFFSET: i8 = $offset;
             const BLOCK_BYTES: usize = $bytes;
             const CHUNKS: usize = $chunks;
+            const HALF_MAPS: bool = $halves;
             #[inline(always)]
             fn unpack<H: F16Reader>(h: H, block: &[u8], out: &mut [IntChunk]) {
                 $fun(h, block, out)
@@ -98,18 +102,18 @@ macro_rules! unpackers {
 }
 
 unpackers! {
-    Q4_0: q4_0, false, 8, 18, 1;
-    Q4_1: q4_1, false, 0, 20, 1;
-    Q5_0: q5_0, false, 16, 22, 1;
-    Q5_1: q5_1, false, 0, 24, 1;
-    Q8_0: q8_0, true, 0, 34, 1;
-    IQ4_NL: iq4_nl, true, 0, 18, 1;
-    Q2_K: q2_k, false, 0, 84, 8;
-    Q3_K: q3_k, false, 4, 110, 8;
-    Q4_K: q4_k, false, 0, 144, 8;
-    Q5_K: q5_k, false, 0, 176, 8;
-    Q6_K: q6_k, false, 32, 210, 8;
-    IQ4_XS: iq4_xs, true, 0, 136, 8;
+    Q4_0: q4_0, false, 8, 18, 1, false;
+    Q4_1: q4_1, false, 0, 20, 1, false;
+    Q5_0: q5_0, false, 16, 22, 1, false;
+    Q5_1: q5_1, false, 0, 24, 1, false;
+    Q8_0: q8_0, true, 0, 34, 1, false;
+    IQ4_NL: iq4_nl, true, 0, 18, 1, false;
+    Q2_K: q2_k, false, 0, 84, 8, true;
+    Q3_K: q3_k, false, 4, 110, 8, true;
+    Q4_K: q4_k, false, 0, 144, 8, false;
+    Q5_K: q5_k, false, 0, 176, 8, false;
+    Q6_K: q6_k, false, 32, 210, 8, true;
+    IQ4_XS: iq4_xs, true, 0, 136, 8, false;
 }
 
 /// Evaluates `$body` with the type `$u` bound to `$ty`'s [`Unpack`], or `$none` for a type that is not

@@ -21,7 +21,7 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
 }
 
 /// `[out, cols]` random valid blocks of `ty`: every integer field random, f16 fields finite.
-fn random_blocks(ty: GgmlType, [out, cols]: [usize; 2], seed: u64) -> Vec<u8> {
+pub(super) fn random_blocks(ty: GgmlType, [out, cols]: [usize; 2], seed: u64) -> Vec<u8> {
     let (block_len, block_bytes) = ty.block_geometry().unwrap();
     let n = out * cols / block_len;
     let mut blocks: Vec<u8> = values(n * block_bytes, seed, 1.0)
@@ -60,7 +60,7 @@ fn chunks_of(weight: GgmlMatrix<'_>) -> Vec<IntChunk> {
 /// multiply-adds, the minimum terms) on terms bounded by `T = Σ_h |scale_h| Σ |q x| + |min_h| Σ |x|` (the offset
 /// moved into the minimum can make `T` a few times `Σ |w x|`), and the chunk sums accumulate over `cols / 32`
 /// chunks: `(cols / 32 + 16) * eps * T` covers both with room (eps is twice the unit roundoff).
-fn reference(
+pub(super) fn reference(
     x: &[f32],
     rows: usize,
     weight: GgmlMatrix<'_>,
@@ -116,7 +116,7 @@ fn reference(
 
 /// Activations whose chunks are exact on the 8-bit grid: `q / 16` with `|q| <= 127` and each chunk's first value
 /// `±127 / 16`, so the chunk scale is `1 / 16` and quantizing them loses nothing.
-fn on_grid(n: usize, seed: u64) -> Vec<f32> {
+pub(super) fn on_grid(n: usize, seed: u64) -> Vec<f32> {
     values(n, seed, 1.0)
         .into_iter()
         .enumerate()
@@ -132,9 +132,9 @@ fn on_grid(n: usize, seed: u64) -> Vec<f32> {
 }
 
 /// A decode-path kernel's signature.
-type Kernel = fn(&[f32], usize, GgmlMatrix<'_>, Option<&[f32]>, &mut [f32]);
+pub(super) type Kernel = fn(&[f32], usize, GgmlMatrix<'_>, Option<&[f32]>, &mut [f32]);
 
-fn product(
+pub(super) fn product(
     kernel: Kernel,
     x: &[f32],
     rows: usize,
@@ -149,7 +149,7 @@ fn product(
 
 // 130 output channels: three parallel tasks, the last partial. 512 columns: two K-quant super-blocks, sixteen
 // legacy blocks (two spans of eight).
-const SHAPE: [usize; 2] = [130, 512];
+pub(super) const SHAPE: [usize; 2] = [130, 512];
 
 #[test]
 fn on_grid_activations_make_the_integer_path_exact_up_to_f32_rounding() {

@@ -57,5 +57,7 @@ fn max_rel(a: &[f32], b: &[f32], floor: f32) -> f32 {
 
 mod elementwise;
 mod int_dot;
+#[cfg(target_arch = "x86_64")]
+mod int_gemm;
 mod products;
 mod quantized;

@@ -1,0 +1,131 @@
+//! The integer prompt path (AVX-512 VNNI) against the f64 product of the dequantized weights and against the
+//! decode path, for every packed type, on row counts that leave partial row blocks and tiles.
+
+use super::int_dot::{SHAPE, on_grid, product, random_blocks, reference};
+use super::values;
+use crate::cpu::int_dot::few_rows;
+use crate::cpu::int_gemm::{Vnni, many_rows};
+use crate::ggml::{GgmlMatrix, GgmlType};
+
+/// `many_rows` as a kernel of the decode path's signature; it must take the input (the caller checked VNNI).
+fn gemm(x: &[f32], rows: usize, weight: GgmlMatrix<'_>, bias: Option<&[f32]>, dst: &mut [f32]) {
+    assert!(many_rows(x, rows, weight, bias, dst), "VNNI declined");
+}
+
+fn vnni_or_skip() -> bool {
+    let has = Vnni::detect().is_some();
+    if !has {
+        eprintln!(
+            "skipped: this CPU lacks AVX-512 VNNI, so the integer prompt path never runs here"
+        );
+    }
+    has
+}
+
+// 17: one full row block and one of a single row; 40: a tile of two blocks and a tile of one (partial); 64: two
+// full tiles. SHAPE's 130 channels leave a tile of two channels after 32 of four.
+const ROWS: [usize; 3] = [17, 40, 64];
+
+#[test]
+fn on_grid_activations_make_the_integer_prompt_path_exact_up_to_f32_rounding() {
+    if !vnni_or_skip() {
+        return;
+    }
+    let [out, cols] = SHAPE;
+    for (t, ty) in GgmlType::BLOCK_QUANTIZED.into_iter().enumerate() {
+        let blocks = random_blocks(ty, SHAPE, 600 + t as u64);
+        let weight = GgmlMatrix::new(ty, SHAPE, &blocks).unwrap();
+        let bias = values(out, 8, 1.0);
+        for rows in ROWS {
+            let x = on_grid(rows * cols, 30 + rows as u64);
+            let bias = (rows != 40).then_some(&bias[..]);
+            let reference = reference(&x, rows, weight, bias);
+            let y = product(gemm, &x, rows, weight, bias);
+            for (i, (&y, &(exact, _, rounding))) in y.iter().zip(&reference).enumerate() {
+                // The reference's f32 rounding bound: the integer sums are exact, each chunk's terms meet a few
+                // f32 roundings (see the decode path's tests). A wrong lane, row or channel is off by O(|y|).
+                assert!(
+                    (f64::from(y) - exact).abs() <= rounding,
+                    "{ty} rows={rows} element {i}: {y} vs {exact} (tolerance {rounding})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_integer_prompt_path_agrees_with_the_decode_path_off_the_grid() {
+    if !vnni_or_skip() {
+        return;
+    }
+    let [out, cols] = SHAPE;
+    let rows = 40;
+    for (t, ty) in GgmlType::BLOCK_QUANTIZED.into_iter().enumerate() {
+        let blocks = random_blocks(ty, SHAPE, 700 + t as u64);
+        let weight = GgmlMatrix::new(ty, SHAPE, &blocks).unwrap();
+        let x = values(rows * cols, 40 + t as u64, 2.0);
+        let reference = reference(&x, rows, weight, None);
+        let y = product(gemm, &x, rows, weight, None);
+        for r in 0..rows {
+            // The decode path, row by row: the same activation chunks and exact integer sums, so the two differ
+            // only by the f32 order of the per-chunk terms; both lie within the activation rounding's bound of
+            // the exact product.
+            let decode = product(few_rows, &x[r * cols..(r + 1) * cols], 1, weight, None);
+            for (o, &decode) in decode.iter().enumerate() {
+                let i = r * out + o;
+                let (exact, activation, rounding) = reference[i];
+                assert!(
+                    (f64::from(y[i]) - f64::from(decode)).abs() <= 2.0 * rounding,
+                    "{ty} row {r} channel {o}: prompt path {} vs decode path {decode}",
+                    y[i]
+                );
+                assert!(
+                    (f64::from(y[i]) - exact).abs() <= activation + rounding,
+                    "{ty} row {r} channel {o}: {} vs {exact} (bound {activation} + {rounding})",
+                    y[i]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_avx2_chunk_quantizer_makes_the_portable_ones_chunks_bit_for_bit() {
+    use crate::cpu::int_dot::Avx2;
+    use crate::cpu::q8::{Q8Chunk, quantize, quantize_chunk};
+    let Some(avx2) = Avx2::detect() else {
+        eprintln!("skipped: this CPU lacks AVX2, FMA or F16C");
+        return;
+    };
+    let n = 64 * 32;
+    let mut x = values(n, 9, 3.0);
+    // Ties (x.5 steps), zeros, signed zeros, NaN, infinity, a lone extreme and tiny values, one chunk each.
+    for (i, v) in x[..32].iter_mut().enumerate() {
+        *v = (i as f32 - 16.0) * 0.5 * (127.0 / 8.0) / 127.0 * 16.0;
+    }
+    x[32..64].fill(0.0);
+    x[64..96].fill(-0.0);
+    x[100] = f32::NAN;
+    x[140] = f32::INFINITY;
+    x[170] = 1e30;
+    x[200..232].iter_mut().for_each(|v| *v *= 1e-30);
+    let mut portable = vec![Q8Chunk::default(); n / 32];
+    quantize(&x, &mut portable);
+    for (c, (values, want)) in x.chunks_exact(32).zip(&portable).enumerate() {
+        let got = quantize_avx2(avx2, values);
+        assert_eq!(got.q, want.q, "chunk {c}: integers");
+        assert_eq!(got.d.to_bits(), want.d.to_bits(), "chunk {c}: scale");
+        let bits = |s: [f32; 2]| s.map(|s| if s.is_nan() { u32::MAX } else { s.to_bits() });
+        assert_eq!(bits(got.sums), bits(want.sums), "chunk {c}: half sums");
+    }
+
+    /// `quantize_chunk` compiled with the features it assumes.
+    fn quantize_avx2(avx2: Avx2, values: &[f32]) -> Q8Chunk {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn run(avx2: Avx2, values: &[f32]) -> Q8Chunk {
+            quantize_chunk(avx2, values)
+        }
+        // SAFETY: `avx2` proves the features.
+        unsafe { run(avx2, values) }
+    }
+}
