@@ -164,6 +164,12 @@ pub(super) use avx2::Avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 
+#[cfg(target_arch = "x86_64")]
+pub(super) use vnni::Vnni;
+
+#[cfg(target_arch = "x86_64")]
+mod vnni;
+
 /// One product: the weight, the quantized rows `[rows, cols / 32]`, the bias and where `[rows, out]` goes.
 struct Plan<'a> {
     weight: GgmlMatrix<'a>,
@@ -184,7 +190,7 @@ pub(super) fn few_rows(
     product(x, rows, weight, bias, dst, run);
 }
 
-/// [`few_rows`] on the portable path whatever the CPU: the AVX2 path's oracle.
+/// [`few_rows`] on the portable path whatever the CPU: the native paths' oracle.
 #[cfg(test)]
 pub(super) fn few_rows_portable(
     x: &[f32],
@@ -193,8 +199,22 @@ pub(super) fn few_rows_portable(
     bias: Option<&[f32]>,
     dst: &mut [f32],
 ) {
+    few_rows_with(Portable, x, rows, weight, bias, dst)
+}
+
+/// [`few_rows`] with the instruction set `dot` (outside functions compiled for it, its intrinsics are calls:
+/// slow, the same results).
+#[cfg(test)]
+pub(super) fn few_rows_with<D: Dot + Sync>(
+    dot: D,
+    x: &[f32],
+    rows: usize,
+    weight: GgmlMatrix<'_>,
+    bias: Option<&[f32]>,
+    dst: &mut [f32],
+) {
     product(x, rows, weight, bias, dst, |plan, channels| {
-        channels_with(Portable, plan, channels)
+        channels_with(dot, plan, channels)
     });
 }
 
@@ -258,11 +278,22 @@ fn run(plan: &Plan<'_>, channels: Range<usize>) {
 #[inline(always)]
 fn run_typed<U: Unpack>(plan: &Plan<'_>, channels: Range<usize>) {
     #[cfg(target_arch = "x86_64")]
+    if let Some(vnni) = Vnni::detect() {
+        // SAFETY: `vnni` proves the CPU has the features `typed_vnni` is compiled with.
+        return unsafe { typed_vnni::<U>(vnni, plan, channels) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if let Some(avx2) = Avx2::detect() {
         // SAFETY: `avx2` proves the CPU has the features `typed_avx2` is compiled with.
         return unsafe { typed_avx2::<U>(avx2, plan, channels) };
     }
     type_channels::<Portable, U>(Portable, plan, channels)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn typed_vnni<U: Unpack>(vnni: Vnni, plan: &Plan<'_>, channels: Range<usize>) {
+    type_channels::<Vnni, U>(vnni, plan, channels)
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -26,9 +26,11 @@
 
 use std::cell::Cell;
 
+use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+
 use rayon::prelude::*;
 
-use super::int_dot::{Avx2, split};
+use super::int_dot::{Avx2, Vnni, split};
 use super::kernel_threads;
 use super::linear::OutPtr;
 use super::q8::quantize_chunk;
@@ -84,19 +86,6 @@ thread_local! {
     static ROWS: Cell<Vec<RowChunks>> = const { Cell::new(Vec::new()) };
     /// A pool thread's unpacked channels of one tile.
     static CHANNELS: Cell<Vec<ChannelChunk>> = const { Cell::new(Vec::new()) };
-}
-
-/// Proof that the running CPU has AVX-512 F/BW/VNNI besides AVX2, FMA and F16C: only [`Vnni::detect`] makes
-/// one.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Vnni(Avx2);
-
-impl Vnni {
-    pub(super) fn detect() -> Option<Self> {
-        use std::arch::is_x86_feature_detected as has;
-        let avx2 = Avx2::detect()?;
-        (has!("avx512f") && has!("avx512bw") && has!("avx512vnni")).then_some(Self(avx2))
-    }
 }
 
 /// `x` `[rows, cols]` times `weight` transposed plus `bias`, into `dst` `[rows, out]`, when the CPU has AVX-512
@@ -244,8 +233,15 @@ fn unpack_channels<U: Unpack>(
     out.resize(channels.len() * per_row, ChannelChunk::default());
     let mut chunks = [IntChunk::default(); 8];
     for (o, dst) in channels.zip(out.chunks_exact_mut(per_row)) {
-        for (block, dst) in weight
-            .row(o)
+        let row = weight.row(o);
+        // The next tile's channels, while this one's are unpacked and multiplied: with few rows (a decode
+        // batch) unpacking is where the weights stream in from memory, and it had waited on its loads.
+        for at in (0..row.len()).step_by(64) {
+            let line = row.as_ptr().wrapping_add(TILE_CHANNELS * row.len() + at);
+            // SAFETY: a prefetch is a hint that never faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.cast()) };
+        }
+        for (block, dst) in row
             .chunks_exact(U::BLOCK_BYTES)
             .zip(dst.chunks_exact_mut(U::CHUNKS))
         {
@@ -311,7 +307,7 @@ struct Tile<'a> {
 }
 
 /// Every row block of `tile` against its `n` channels, in tiles of [`TILE_ROWS`] blocks.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn tiles<U: Unpack>(vnni: Vnni, tile: &Tile<'_>, n: usize) {
     let blocks = tile.rows.len() / tile.per_row;
     let mut b = 0;

@@ -113,7 +113,7 @@ pub fn exact_ggml_products() -> bool {
 pub fn integer_prompt_products() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        !exact_ggml_products() && int_gemm::Vnni::detect().is_some()
+        !exact_ggml_products() && int_dot::Vnni::detect().is_some()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

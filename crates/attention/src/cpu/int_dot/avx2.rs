@@ -34,10 +34,10 @@ impl F16Reader for Avx2 {
 /// at the end).
 #[derive(Clone, Copy, Debug)]
 pub(in crate::cpu) struct Weight {
-    bytes: __m256i,
-    signs: __m256i,
-    scale: __m256,
-    min: __m256,
+    pub(super) bytes: __m256i,
+    pub(super) signs: __m256i,
+    pub(super) scale: __m256,
+    pub(super) min: __m256,
 }
 
 impl Weight {

@@ -205,8 +205,55 @@ fn off_grid_activations_stay_within_the_bound_of_their_rounding() {
     }
 }
 
+/// Every instruction set of the decode path against the portable one, each on the CPU that has it: the native
+/// path takes the best one, so the others would go untested on a CPU with AVX-512 VNNI.
+#[cfg(target_arch = "x86_64")]
 #[test]
-fn the_avx2_path_agrees_with_the_portable_one_and_a_row_is_the_same_alone_and_in_a_batch() {
+fn each_instruction_set_agrees_with_the_portable_path() {
+    use crate::cpu::int_dot::{Avx2, Vnni, few_rows_with};
+    let [out, cols] = SHAPE;
+    let rows = 5;
+    let (avx2, vnni) = (Avx2::detect(), Vnni::detect());
+    if avx2.is_none() {
+        eprintln!("skipped: this CPU lacks AVX2, FMA or F16C");
+        return;
+    }
+    if vnni.is_none() {
+        eprintln!("AVX-512 VNNI not checked: this CPU lacks it");
+    }
+    for (t, ty) in GgmlType::BLOCK_QUANTIZED.into_iter().enumerate() {
+        let blocks = random_blocks(ty, SHAPE, 800 + t as u64);
+        let weight = GgmlMatrix::new(ty, SHAPE, &blocks).unwrap();
+        let x = values(rows * cols, 51 + t as u64, 1.0);
+        let portable = product(few_rows_portable, &x, rows, weight, None);
+        let reference = reference(&x, rows, weight, None);
+        let mut paths: Vec<(&str, Vec<f32>)> = Vec::new();
+        if let Some(avx2) = avx2 {
+            let mut y = vec![f32::NAN; rows * out];
+            few_rows_with(avx2, &x, rows, weight, None, &mut y);
+            paths.push(("avx2", y));
+        }
+        if let Some(vnni) = vnni {
+            let mut y = vec![f32::NAN; rows * out];
+            few_rows_with(vnni, &x, rows, weight, None, &mut y);
+            paths.push(("vnni", y));
+        }
+        for (path, y) in paths {
+            for (i, ((&a, &p), &(_, _, rounding))) in
+                y.iter().zip(&portable).zip(&reference).enumerate()
+            {
+                // The same exact integers; only the f32 order of the per-half terms differs.
+                assert!(
+                    (f64::from(a) - f64::from(p)).abs() <= 2.0 * rounding,
+                    "{ty} {path} element {i}: {a} vs portable {p}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_native_path_agrees_with_the_portable_one_and_a_row_is_the_same_alone_and_in_a_batch() {
     let [out, cols] = SHAPE;
     let rows = 7;
     for (t, ty) in GgmlType::BLOCK_QUANTIZED.into_iter().enumerate() {

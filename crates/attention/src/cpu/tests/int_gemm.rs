@@ -3,8 +3,8 @@
 
 use super::int_dot::{SHAPE, on_grid, product, random_blocks, reference};
 use super::values;
-use crate::cpu::int_dot::few_rows;
-use crate::cpu::int_gemm::{Vnni, many_rows};
+use crate::cpu::int_dot::{Vnni, few_rows};
+use crate::cpu::int_gemm::many_rows;
 use crate::ggml::{GgmlMatrix, GgmlType};
 
 /// `many_rows` as a kernel of the decode path's signature; it must take the input (the caller checked VNNI).
