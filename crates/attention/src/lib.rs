@@ -71,6 +71,8 @@ pub use error::AttentionError;
 pub use flash::{FlashBlocks, FlashConfig, flash_backward, flash_forward};
 pub use kernel::{AttentionKernel, attention, check_shapes, flash_attention};
 pub use kv_cache::{ContiguousKvCache, KvCache};
-pub use ops::{CodeLayout, IGNORE_TARGET, cross_entropy, linear, rms_norm, swiglu, write_block};
+pub use ops::{
+    CodeLayout, IGNORE_TARGET, cross_entropy, linear, rms_norm, select_rows, swiglu, write_block,
+};
 pub use options::{AttentionOptions, MaskSpec};
 pub use rope::{Rope, RopeCache, RopeConfig, RopeLayout, RopeScaling};

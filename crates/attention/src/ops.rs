@@ -119,3 +119,16 @@ pub fn write_block<B: EmberBackend, const D: usize>(
     );
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
+
+/// Rows `rows` of `tensor` along its first dimension, in that order (`select(0, rows)`), through
+/// [`EmberBackend::select_rows`]: what the paged KV pool gathers a step's keys and values with.
+///
+/// # Panics
+/// If a row is out of range, as `select` does.
+pub fn select_rows<B: EmberBackend, const D: usize>(
+    tensor: Tensor<B, D>,
+    rows: &[usize],
+) -> Tensor<B, D> {
+    let out = B::select_rows(tensor.into_primitive().tensor(), rows);
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}

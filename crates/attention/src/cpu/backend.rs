@@ -164,6 +164,11 @@ impl EmberBackend for Flex {
         Self::float_slice_assign(tensor, &slices, value)
     }
 
+    fn select_rows(tensor: FloatTensor<Self>, rows: &[usize]) -> FloatTensor<Self> {
+        crate::cpu::select_rows(&tensor, rows)
+            .unwrap_or_else(|| crate::backend::portable_select_rows::<Self>(tensor, rows))
+    }
+
     fn rope_rotate(
         x: FloatTensor<Self>,
         cos: FloatTensor<Self>,

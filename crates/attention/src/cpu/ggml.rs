@@ -60,8 +60,9 @@ pub(crate) fn ggml_dense(
 }
 
 /// Rows from which the integer tiles ([`super::int_gemm`], where the CPU has AVX-512 VNNI) beat the decode
-/// kernel, measured on batched decode steps of SmolLM2 at 2 threads: at 8 rows +30% (Q4_K_M) and even (Q8_0),
-/// at 16 rows +15-30% (Q8_0), at 4 rows -20%, where each weight block's unpacking serves too few rows.
+/// kernel, measured on batched decode steps of SmolLM2 at 2 threads: at 8 rows (paired lanes) +5-30% on Q4_1,
+/// Q4_K_M and Q8_0, at 16 rows +15-30% (Q8_0); at 4-6 rows a wash (Q4_K_M +16-21%, Q8_0 -3-9%), each weight
+/// block's unpacking serving too few rows.
 const INTEGER_TILE_ROWS: usize = 8;
 
 /// The integer prompt path where the CPU has it ([`super::int_gemm`]); `false` (nothing written) elsewhere.

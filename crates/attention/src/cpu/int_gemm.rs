@@ -13,6 +13,8 @@
 //! four bytes are broadcast from its unpacked chunk. A tile is [`TILE_ROWS`] row blocks by [`TILE_CHANNELS`]
 //! output channels, its sums held in registers for a whole row: each weight broadcast meets `TILE_ROWS * 16`
 //! rows, each row vector `TILE_CHANNELS` channels. Output lanes are rows, so a result is stored row by row.
+//! Up to eight rows (a decode batch) are paired instead: each row takes two lanes, its even and odd groups of
+//! four, against a 64-bit broadcast of the weights, and the two lanes are added at the end, so no lane idles.
 //!
 //! Signs: `vpdpbusd` multiplies unsigned by signed bytes. Signed weights (Q8_0, the IQ4 grids, and the types
 //! whose offset moves into the integers: Q4_0, Q5_0, Q3_K, Q6_K) take the signed side and the activations the
@@ -124,7 +126,8 @@ fn product<U: Unpack>(
 ) {
     let [out, cols] = weight.shape();
     let per_row = cols / CHUNK_LEN;
-    let blocks = rows.div_ceil(LANES);
+    let paired = rows <= rows_per_block(true);
+    let blocks = rows.div_ceil(rows_per_block(paired));
     let threads = kernel_threads();
     let mut packed = ROWS.take();
     // Not cleared: every lane of a real row is written below, and the lanes past the last row (whatever an
@@ -132,7 +135,7 @@ fn product<U: Unpack>(
     packed.resize(blocks * per_row, RowChunks::default());
     let pack = |(b, block): (usize, &mut [RowChunks])| {
         // SAFETY: `vnni` proves AVX2, FMA and F16C.
-        unsafe { pack_avx2(vnni, x, rows, cols, b, signed::<U>(), block) }
+        unsafe { pack_avx2(vnni, x, rows, cols, b, signed::<U>(), paired, block) }
     };
     if threads == 1 || blocks == 1 {
         packed.chunks_mut(per_row).enumerate().for_each(pack);
@@ -160,7 +163,13 @@ fn product<U: Unpack>(
                 dst: shared,
             };
             // SAFETY: `vnni` proves the features `tiles` is compiled with.
-            unsafe { tiles::<U>(vnni, &tile, n) };
+            unsafe {
+                if paired {
+                    tiles::<U, true>(vnni, &tile, n)
+                } else {
+                    tiles::<U, false>(vnni, &tile, n)
+                }
+            };
         }
         CHANNELS.set(unpacked);
     };
@@ -173,9 +182,12 @@ fn product<U: Unpack>(
     ROWS.set(packed);
 }
 
-/// Quantizes row block `b` (rows `16 b..16 b + 16` of `x`, those that exist) into `block` (`cols / 32` chunks),
-/// shifting the integers by 128 (`q ^ 0x80`, as unsigned bytes) for the signed weight types.
+/// Quantizes row block `b` of `x` into `block` (`cols / 32` chunks), shifting the integers by 128 (`q ^ 0x80`,
+/// as unsigned bytes) for the signed weight types. A block is sixteen rows, one a lane; `paired`, eight rows,
+/// two lanes each: lanes `2 i` and `2 i + 1` take row `i`'s even and odd groups of four (a 64-bit broadcast
+/// of the weights meets both), each with the row's scale, the half sums in the even lane alone.
 #[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn pack_avx2(
     vnni: Vnni,
     x: &[f32],
@@ -183,11 +195,13 @@ unsafe fn pack_avx2(
     cols: usize,
     b: usize,
     shift: bool,
+    paired: bool,
     block: &mut [RowChunks],
 ) {
     let mask = if shift { 0x8080_8080 } else { 0 };
-    for i in 0..LANES.min(rows - b * LANES) {
-        let r = b * LANES + i;
+    let per_block = rows_per_block(paired);
+    for i in 0..per_block.min(rows - b * per_block) {
+        let r = b * per_block + i;
         let row = &x[r * cols..(r + 1) * cols];
         for (values, chunks) in row.chunks_exact(CHUNK_LEN).zip(block.iter_mut()) {
             let q8 = quantize_chunk(vnni.0, values);
@@ -197,14 +211,31 @@ unsafe fn pack_avx2(
                     quad[1] as u8,
                     quad[2] as u8,
                     quad[3] as u8,
-                ]);
-                chunks.q[j][i] = word ^ mask;
+                ]) ^ mask;
+                if paired {
+                    chunks.q[j / 2][2 * i + j % 2] = word;
+                } else {
+                    chunks.q[j][i] = word;
+                }
             }
-            chunks.d[i] = q8.d;
-            chunks.sums[0][i] = q8.sums[0];
-            chunks.sums[1][i] = q8.sums[1];
+            if paired {
+                chunks.d[2 * i..2 * i + 2].fill(q8.d);
+                for (sums, &sum) in chunks.sums.iter_mut().zip(&q8.sums) {
+                    sums[2 * i..2 * i + 2].copy_from_slice(&[sum, 0.0]);
+                }
+            } else {
+                chunks.d[i] = q8.d;
+                chunks.sums[0][i] = q8.sums[0];
+                chunks.sums[1][i] = q8.sums[1];
+            }
         }
     }
+}
+
+/// Rows in one row block: a lane each, or two lanes each when `paired` (a decode batch of up to eight rows,
+/// which would leave half of every vector empty).
+const fn rows_per_block(paired: bool) -> usize {
+    if paired { LANES / 2 } else { LANES }
 }
 
 /// [`unpack_channels`] compiled for AVX2 and F16C: the scales widened by `vcvtph2ps`, the preparation's byte
@@ -306,9 +337,10 @@ struct Tile<'a> {
     dst: OutPtr,
 }
 
-/// Every row block of `tile` against its `n` channels, in tiles of [`TILE_ROWS`] blocks.
+/// Every row block of `tile` against its `n` channels, in tiles of [`TILE_ROWS`] blocks; `P`: the blocks are
+/// paired (one, of up to eight rows).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tiles<U: Unpack>(vnni: Vnni, tile: &Tile<'_>, n: usize) {
+unsafe fn tiles<U: Unpack, const P: bool>(vnni: Vnni, tile: &Tile<'_>, n: usize) {
     let blocks = tile.rows.len() / tile.per_row;
     let mut b = 0;
     while b < blocks {
@@ -316,29 +348,29 @@ unsafe fn tiles<U: Unpack>(vnni: Vnni, tile: &Tile<'_>, n: usize) {
         // SAFETY (all arms): the features are this function's.
         unsafe {
             match (m, n) {
-                (2, 4) => avx512::tile::<2, 4, U>(vnni, tile, b),
-                (2, 3) => avx512::tile::<2, 3, U>(vnni, tile, b),
-                (2, 2) => avx512::tile::<2, 2, U>(vnni, tile, b),
-                (2, 1) => avx512::tile::<2, 1, U>(vnni, tile, b),
-                (_, 4) => avx512::tile::<1, 4, U>(vnni, tile, b),
-                (_, 3) => avx512::tile::<1, 3, U>(vnni, tile, b),
-                (_, 2) => avx512::tile::<1, 2, U>(vnni, tile, b),
-                _ => avx512::tile::<1, 1, U>(vnni, tile, b),
+                (2, 4) if !P => avx512::tile::<2, 4, U, false>(vnni, tile, b),
+                (2, 3) if !P => avx512::tile::<2, 3, U, false>(vnni, tile, b),
+                (2, 2) if !P => avx512::tile::<2, 2, U, false>(vnni, tile, b),
+                (2, 1) if !P => avx512::tile::<2, 1, U, false>(vnni, tile, b),
+                (_, 4) => avx512::tile::<1, 4, U, P>(vnni, tile, b),
+                (_, 3) => avx512::tile::<1, 3, U, P>(vnni, tile, b),
+                (_, 2) => avx512::tile::<1, 2, U, P>(vnni, tile, b),
+                _ => avx512::tile::<1, 1, U, P>(vnni, tile, b),
             }
         }
-        b += m;
+        b += if P { 1 } else { m };
     }
 }
 
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{LANES, QUADS, Tile, Vnni, signed};
+    use super::{LANES, QUADS, Tile, Vnni, rows_per_block, signed};
     use crate::ggml::unpack::Unpack;
 
-    /// Row blocks `b..b + M` against the tile's `N` channels, written to `dst` with the bias.
+    /// Row blocks `b..b + M` (paired when `P`) against the tile's `N` channels, written to `dst` with the bias.
     #[inline(always)]
-    pub(super) unsafe fn tile<const M: usize, const N: usize, U: Unpack>(
+    pub(super) unsafe fn tile<const M: usize, const N: usize, U: Unpack, const P: bool>(
         _: Vnni,
         tile: &Tile<'_>,
         b: usize,
@@ -351,36 +383,40 @@ mod avx512 {
         // SAFETY: the caller has the features; every load is of a field of an element of the slices above,
         // indexed by `c < per_row` (their length) and `j < QUADS`.
         unsafe {
+            // Vector steps per chunk: a group of four a lane, or two groups when paired.
+            let steps = if P { QUADS / 2 } else { QUADS };
             let mut acc = [[_mm512_setzero_ps(); N]; M];
             for c in 0..per_row {
                 if U::HALF_MAPS {
                     for h in 0..2 {
-                        let sums = sums::<M, N, U>(
+                        let sums = sums::<M, N, U, P>(
                             &rows,
                             &channels,
                             c,
-                            h * QUADS / 2..(h + 1) * QUADS / 2,
+                            h * steps / 2..(h + 1) * steps / 2,
                             h,
                         );
                         scale::<M, N, U>(&mut acc, sums, &rows, &channels, c, h);
                     }
                 } else {
-                    let sums = sums::<M, N, U>(&rows, &channels, c, 0..QUADS, 2);
+                    let sums = sums::<M, N, U, P>(&rows, &channels, c, 0..steps, 2);
                     scale::<M, N, U>(&mut acc, sums, &rows, &channels, c, 2);
                 }
             }
             let mut lanes = [0f32; LANES];
+            let per_block = rows_per_block(P);
             for (m, acc) in acc.iter().enumerate() {
                 for (n, acc) in acc.iter().enumerate() {
                     _mm512_storeu_ps(lanes.as_mut_ptr(), *acc);
                     let o = tile.first + n;
                     let bias = tile.bias.map_or(0.0, |bias| bias[o]);
-                    let first_row = (b + m) * LANES;
-                    for (i, &v) in lanes
-                        .iter()
-                        .enumerate()
-                        .take(tile.total_rows.saturating_sub(first_row))
-                    {
+                    let first_row = (b + m) * per_block;
+                    for i in 0..per_block.min(tile.total_rows.saturating_sub(first_row)) {
+                        let v = if P {
+                            lanes[2 * i] + lanes[2 * i + 1]
+                        } else {
+                            lanes[i]
+                        };
                         // SAFETY: `dst` is `[rows, out]`, `first_row + i < rows` and `o < out`; each channel
                         // belongs to one task and each row to one tile of it, so no two writes meet.
                         *tile.dst.get().add((first_row + i) * tile.out + o) = v + bias;
@@ -390,14 +426,15 @@ mod avx512 {
         }
     }
 
-    /// The integer sums of quads `quads` of chunk `c`: `h` is the half (0, 1) or 2 for the whole chunk, whose
-    /// start the signed types' sums take.
+    /// The integer sums of vector steps `steps` of chunk `c` (groups of four, or pairs of them when `P`): `h` is
+    /// the half (0, 1) or 2 for the whole chunk, whose start the signed types' sums take (paired: the even
+    /// lanes alone, as a row's two lanes are added at the end).
     #[inline(always)]
-    unsafe fn sums<const M: usize, const N: usize, U: Unpack>(
+    unsafe fn sums<const M: usize, const N: usize, U: Unpack, const P: bool>(
         rows: &[&[super::RowChunks]; M],
         channels: &[&[super::ChannelChunk]; N],
         c: usize,
-        quads: std::ops::Range<usize>,
+        steps: std::ops::Range<usize>,
         h: usize,
     ) -> [[__m512i; N]; M] {
         // SAFETY (for the caller): AVX-512 F/BW/VNNI; `c` within every slice.
@@ -409,20 +446,28 @@ mod avx512 {
                 } else {
                     start[h]
                 };
-                if signed::<U>() {
-                    _mm512_set1_epi32(start)
-                } else {
+                if !signed::<U>() {
                     _mm512_setzero_si512()
+                } else if P {
+                    _mm512_set1_epi64(i64::from(start as u32))
+                } else {
+                    _mm512_set1_epi32(start)
                 }
             });
             let mut sums = [start; M];
-            for j in quads {
+            for j in steps {
                 let x: [__m512i; M] =
                     std::array::from_fn(|m| _mm512_load_si512(rows[m][c].q[j].as_ptr().cast()));
                 for n in 0..N {
-                    let w = _mm512_set1_epi32(std::ptr::read_unaligned(
-                        channels[n][c].q.as_ptr().add(4 * j).cast::<i32>(),
-                    ));
+                    let w = if P {
+                        _mm512_set1_epi64(std::ptr::read_unaligned(
+                            channels[n][c].q.as_ptr().add(8 * j).cast::<i64>(),
+                        ))
+                    } else {
+                        _mm512_set1_epi32(std::ptr::read_unaligned(
+                            channels[n][c].q.as_ptr().add(4 * j).cast::<i32>(),
+                        ))
+                    };
                     for m in 0..M {
                         // `vpdpbusd` takes its first operand unsigned: the activations (shifted by 128) for
                         // the signed types, the weights otherwise.

@@ -33,7 +33,7 @@ pub(crate) use norm::{rms_norm, rms_norm_backward};
 pub(crate) use quantized::quantized_dense;
 pub(crate) use rope::rope_rotate;
 pub(crate) use swiglu::{swiglu, swiglu_backward};
-pub(crate) use write::write_block;
+pub(crate) use write::{select_rows, write_block};
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,9 +1,10 @@
-//! Writing a block of a tensor in place, for the KV caches' appends ([`crate::EmberBackend::write_block`]).
+//! Writing a block of a tensor in place, for the KV caches' appends ([`crate::EmberBackend::write_block`]), and
+//! reading rows out of one, for the paged pool's gathers ([`crate::EmberBackend::select_rows`]).
 
 use std::ops::Range;
 
-use burn::backend::flex::FlexTensor;
-use burn::tensor::DType;
+use burn::backend::flex::{FlexTensor, Layout};
+use burn::tensor::{Bytes, DType, Shape};
 
 /// Writes `value` into the block `ranges` of `dst` in place and returns `true`, or returns `false` (changing
 /// nothing) when `dst` is not a uniquely owned, contiguous f32 tensor, `value` is not f32, or the shapes do not
@@ -62,4 +63,31 @@ pub(crate) fn write_block(
         }
     }
     true
+}
+
+/// Rows `rows` of `tensor` (along its first dimension) as a new contiguous tensor, each copied once into an
+/// output that is never zero-filled; `None` for a tensor that is not f32 or a row out of range, which the caller
+/// selects the usual way (and reports).
+pub(crate) fn select_rows(tensor: &FlexTensor, rows: &[usize]) -> Option<FlexTensor> {
+    if tensor.dtype() != DType::F32 {
+        return None;
+    }
+    let shape = tensor.layout().shape();
+    if shape.num_dims() == 0 || rows.iter().any(|&r| r >= shape[0]) {
+        return None;
+    }
+    let contiguous = tensor.to_contiguous();
+    let data = contiguous.storage::<f32>();
+    let row = shape.num_elements() / shape[0].max(1);
+    let mut out = Vec::with_capacity(rows.len() * row);
+    for &r in rows {
+        out.extend_from_slice(&data[r * row..(r + 1) * row]);
+    }
+    let mut dims = shape.to_vec();
+    dims[0] = rows.len();
+    Some(FlexTensor::new(
+        Bytes::from_elems(out),
+        Layout::contiguous(Shape::from(dims)),
+        DType::F32,
+    ))
 }

@@ -3,7 +3,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor, TensorData};
 
-use ember_attention::{EmberBackend, write_block};
+use ember_attention::{EmberBackend, select_rows, write_block};
 
 use crate::error::PoolError;
 use crate::paged::blocks::{BlockCopy, BlockManager, PoolStats, SeqId};
@@ -313,20 +313,14 @@ impl<B: EmberBackend> PagedKvPool<B> {
         let mut slots = Vec::with_capacity(seqs.len() * max_len);
         for (&seq, &len) in seqs.iter().zip(&lens) {
             // Padding reads slot 0 (always allocated storage); the mask hides it.
-            slots.extend(std::iter::repeat_n(0i64, max_len - len));
+            slots.extend(std::iter::repeat_n(0, max_len - len));
             for pos in 0..len {
-                slots.push(self.manager.slot(seq, pos)? as i64);
+                slots.push(self.manager.slot(seq, pos)?);
             }
         }
-        let index = Tensor::<B, 1, Int>::from_data(
-            TensorData::new(slots, [seqs.len() * max_len]),
-            &self.device,
-        );
         let [batch, heads] = [seqs.len(), self.config.kv_heads];
         let pick = |storage: &Tensor<B, 3>, dim: usize| {
-            storage
-                .clone()
-                .select(0, index.clone())
+            select_rows(storage.clone(), &slots)
                 .reshape([batch, max_len, heads, dim])
                 .swap_dims(1, 2)
         };

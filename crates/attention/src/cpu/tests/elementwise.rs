@@ -454,3 +454,28 @@ fn write_block_equals_slice_assign_and_writes_a_unique_tensor_in_place() {
     );
     assert_ne!(floats(written), original);
 }
+
+/// `select_rows` equals `select(0, rows)`: rows repeated, reordered, none, and a strided (transposed) source.
+#[test]
+fn select_rows_equals_select_along_the_first_dimension() {
+    use burn::tensor::{Int, TensorData};
+
+    use crate::select_rows;
+
+    fn check<const D: usize>(source: Tensor<Flex, D>, rows: &[usize]) {
+        let index: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+        let index = Tensor::<Flex, 1, Int>::from_data(
+            TensorData::new(index, [rows.len()]),
+            &Default::default(),
+        );
+        let expected = source.clone().select(0, index);
+        let got = select_rows(source, rows);
+        assert_eq!(got.dims(), expected.dims(), "{rows:?}");
+        assert_eq!(floats(got), floats(expected), "{rows:?}");
+    }
+    let pool = tensor::<Flex, 3>([9, 3, 8], 11, 1.0);
+    check(pool.clone(), &[4, 0, 0, 8, 4]);
+    check(pool.clone(), &[]);
+    check(pool.swap_dims(1, 2), &[2, 7]);
+    check(tensor::<Flex, 1>([5], 12, 1.0), &[4, 1]);
+}

@@ -22,9 +22,10 @@ fn vnni_or_skip() -> bool {
     has
 }
 
-// 17: one full row block and one of a single row; 40: a tile of two blocks and a tile of one (partial); 64: two
-// full tiles. SHAPE's 130 channels leave a tile of two channels after 32 of four.
-const ROWS: [usize; 3] = [17, 40, 64];
+// 3 and 8: one paired block (eight rows, two lanes each), partial and full; 17: one full row block and one of a
+// single row; 40: a tile of two blocks and a tile of one (partial); 64: two full tiles. SHAPE's 130 channels
+// leave a tile of two channels after 32 of four.
+const ROWS: [usize; 5] = [3, 8, 17, 40, 64];
 
 #[test]
 fn on_grid_activations_make_the_integer_prompt_path_exact_up_to_f32_rounding() {
@@ -59,8 +60,11 @@ fn the_integer_prompt_path_agrees_with_the_decode_path_off_the_grid() {
         return;
     }
     let [out, cols] = SHAPE;
-    let rows = 40;
-    for (t, ty) in GgmlType::BLOCK_QUANTIZED.into_iter().enumerate() {
+    for (t, (ty, rows)) in GgmlType::BLOCK_QUANTIZED
+        .into_iter()
+        .flat_map(|ty| [(ty, 7), (ty, 40)])
+        .enumerate()
+    {
         let blocks = random_blocks(ty, SHAPE, 700 + t as u64);
         let weight = GgmlMatrix::new(ty, SHAPE, &blocks).unwrap();
         let x = values(rows * cols, 40 + t as u64, 2.0);
