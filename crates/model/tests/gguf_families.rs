@@ -103,7 +103,6 @@ fn every_family_loads_from_gguf_with_transformers_logits_and_greedy_ids() {
 
 #[test]
 fn a_q8_0_file_kept_packed_gives_the_dequantized_logits() {
-    // Packed Q8_0 matmuls accumulate the same dequantized values in another order: the same 1e-4 holds.
     let file = open("llama_q8_0");
     let exp = expected("llama_q8_0");
     let model = gguf::load_quantized::<B>(&file, &Default::default(), None).unwrap();
@@ -114,17 +113,28 @@ fn a_q8_0_file_kept_packed_gives_the_dequantized_logits() {
                 .weight_memory_bytes(),
         "the Q8_0 matrices stay packed"
     );
-    let got = model
-        .forward(tokens(&exp.tokens))
-        .unwrap()
-        .into_data()
-        .into_vec::<f32>()
-        .unwrap();
-    let diff = max_abs_diff(&got, &exp.logits);
-    assert!(
-        diff <= LOGIT_TOLERANCE,
-        "max |packed - transformers| = {diff}"
-    );
+    let scale = exp.logits.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for exact in [true, false] {
+        ember_attention::set_exact_ggml_products(exact);
+        let got = model
+            .forward(tokens(&exp.tokens))
+            .unwrap()
+            .into_data()
+            .into_vec::<f32>()
+            .unwrap();
+        ember_attention::set_exact_ggml_products(false);
+        let diff = max_abs_diff(&got, &exp.logits);
+        // Exact, the packed Q8_0 products accumulate the same dequantized values in another order: the same 1e-4
+        // holds. The default products round the activations to 8 bits (the prompt's too, on CPUs with AVX-512
+        // VNNI): through random layers that moved these logits by 0.38 of 6.8 (5.6%; random weights make no
+        // small outputs cancel, as crates/model/tests/gguf_packed.rs finds too), held to 10% of the largest
+        // logit, while a wrong block or row is off by the logits' own size.
+        let bound = if exact { LOGIT_TOLERANCE } else { 0.1 * scale };
+        assert!(
+            diff <= bound,
+            "exact products: {exact}: max |packed - transformers| = {diff} (logits up to {scale})"
+        );
+    }
 }
 
 #[test]

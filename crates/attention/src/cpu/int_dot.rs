@@ -243,9 +243,16 @@ fn product(
         bias,
         dst: OutPtr(dst.as_mut_ptr()),
     };
+    run_split(out, |channel_range| channels(&plan, channel_range));
+    ACTIVATIONS.set(activations);
+}
+
+/// Runs `task` over `out` output channels in the equal parts [`split`] makes, on the spinning pool (a product
+/// as small as a decode step's is over before rayon's threads wake), or on rayon where the pool is busy.
+pub(super) fn run_split(out: usize, task: impl Fn(Range<usize>) + Sync) {
     let threads = kernel_threads();
     let (tasks, per_task) = split(out, threads);
-    let task = |t: usize| channels(&plan, t * per_task..((t + 1) * per_task).min(out));
+    let task = |t: usize| task(t * per_task..((t + 1) * per_task).min(out));
     if threads == 1 || tasks == 1 {
         (0..tasks).for_each(task);
     } else if threads < rayon::current_num_threads() || !super::spin_pool::run(tasks, &task) {
@@ -253,7 +260,6 @@ fn product(
         // keeps to rayon rather than wake them all.
         (0..tasks).into_par_iter().for_each(task);
     }
-    ACTIVATIONS.set(activations);
 }
 
 /// `(tasks, channels per task)` for `out` channels on `threads` threads: about [`CHANNELS_PER_TASK`] channels a

@@ -32,7 +32,7 @@ use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
 
 use rayon::prelude::*;
 
-use super::int_dot::{Avx2, Vnni, split};
+use super::int_dot::{Avx2, Vnni, run_split};
 use super::kernel_threads;
 use super::linear::OutPtr;
 use super::q8::quantize_chunk;
@@ -144,9 +144,7 @@ fn product<U: Unpack>(
     }
     let shared = OutPtr(dst.as_mut_ptr());
     let packed_rows = &packed[..];
-    let (tasks, per_task) = split(out, threads);
-    let task = |t: usize| {
-        let channels = t * per_task..((t + 1) * per_task).min(out);
+    run_split(out, |channels| {
         let mut unpacked = CHANNELS.take();
         for first in channels.clone().step_by(TILE_CHANNELS) {
             let n = TILE_CHANNELS.min(channels.end - first);
@@ -172,13 +170,7 @@ fn product<U: Unpack>(
             };
         }
         CHANNELS.set(unpacked);
-    };
-    if threads == 1 || tasks == 1 {
-        (0..tasks).for_each(task);
-    } else if threads < rayon::current_num_threads() || !super::spin_pool::run(tasks, &task) {
-        // As the decode path dispatches: a batch's products are as small as a decode step's.
-        (0..tasks).into_par_iter().for_each(task);
-    }
+    });
     ROWS.set(packed);
 }
 

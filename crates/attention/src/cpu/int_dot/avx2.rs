@@ -91,6 +91,31 @@ unsafe fn fifth_bits(qh: &[u8]) -> __m256i {
     }
 }
 
+/// `acc + sums * w.scale * x.d`, plus `w.min * x.sums` with `MIN`: the step after the integer products, whose
+/// `sums` hold the first half's in lanes 0..4 and the second's in 4..8 (one scale each).
+#[inline(always)]
+pub(super) unsafe fn apply_maps<const MIN: bool>(
+    acc: __m256,
+    sums: __m256i,
+    w: &Weight,
+    x: &Q8Chunk,
+) -> __m256 {
+    // SAFETY (for the caller): AVX2 and FMA; the loads read `x.d` and the 8 bytes of `x.sums` (unaligned).
+    unsafe {
+        let sums = _mm256_cvtepi32_ps(sums);
+        let scale = _mm256_mul_ps(w.scale, _mm256_broadcast_ss(&x.d));
+        let acc = _mm256_fmadd_ps(sums, scale, acc);
+        if MIN {
+            // Both half sums in every pair of lanes: one 8-byte broadcast (`sums` need not be 8-aligned).
+            let pair = std::ptr::read_unaligned(x.sums.as_ptr().cast::<i64>());
+            let halves = _mm256_castsi256_ps(_mm256_set1_epi64x(pair));
+            _mm256_fmadd_ps(w.min, halves, acc)
+        } else {
+            acc
+        }
+    }
+}
+
 /// An unsigned chunk `w = d * q + min`.
 #[inline(always)]
 unsafe fn unsigned(q: __m256i, d: f32, min: f32) -> Weight {
@@ -229,18 +254,7 @@ impl Dot for Avx2 {
             } else {
                 _mm256_maddubs_epi16(w.bytes, q)
             };
-            // Lanes 0..4 hold the first half's sums, 4..8 the second's: one scale each.
-            let sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-            let scale = _mm256_mul_ps(w.scale, _mm256_broadcast_ss(&x.d));
-            let acc = _mm256_fmadd_ps(sums, scale, acc);
-            if MIN {
-                // Both half sums in every pair of lanes: one 8-byte broadcast (`sums` need not be 8-aligned).
-                let pair = std::ptr::read_unaligned(x.sums.as_ptr().cast::<i64>());
-                let halves = _mm256_castsi256_ps(_mm256_set1_epi64x(pair));
-                _mm256_fmadd_ps(w.min, halves, acc)
-            } else {
-                acc
-            }
+            apply_maps::<MIN>(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)), w, x)
         }
     }
 

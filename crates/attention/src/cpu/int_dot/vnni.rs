@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{Avx2, Weight};
+use super::avx2::{Avx2, Weight, apply_maps};
 use super::{Dot, F16Reader, IntChunk, Q8Chunk, Unpack};
 
 /// Proof that the running CPU has AVX-512 F, BW, VL and VNNI besides AVX2, FMA and F16C: only
@@ -65,8 +65,7 @@ impl Dot for Vnni {
         w: &Weight,
         x: &Q8Chunk,
     ) -> __m256 {
-        // SAFETY: `self` proves AVX2, FMA, AVX-512 VL and VNNI; the loads read the 32 bytes of `x.q`, `x.d` and
-        // the 8 bytes of `x.sums` (unaligned).
+        // SAFETY: `self` proves AVX2, FMA, AVX-512 VL and VNNI; the load reads the 32 bytes of `x.q`.
         unsafe {
             let q = _mm256_loadu_si256(x.q.as_ptr().cast());
             let x_bytes = if SIGNED {
@@ -76,16 +75,7 @@ impl Dot for Vnni {
             };
             // Lanes 0..4 sum the first half's products four at a time, 4..8 the second's: AVX2's layout.
             let sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w.bytes, x_bytes);
-            let sums = _mm256_cvtepi32_ps(sums);
-            let scale = _mm256_mul_ps(w.scale, _mm256_broadcast_ss(&x.d));
-            let acc = _mm256_fmadd_ps(sums, scale, acc);
-            if MIN {
-                let pair = std::ptr::read_unaligned(x.sums.as_ptr().cast::<i64>());
-                let halves = _mm256_castsi256_ps(_mm256_set1_epi64x(pair));
-                _mm256_fmadd_ps(w.min, halves, acc)
-            } else {
-                acc
-            }
+            apply_maps::<MIN>(acc, sums, w, x)
         }
     }
 
