@@ -165,7 +165,7 @@ pub(super) use avx2::Avx2;
 mod avx2;
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use vnni::Vnni;
+pub(super) use vnni::{AvxVnni, Vnni};
 
 #[cfg(target_arch = "x86_64")]
 mod vnni;
@@ -289,6 +289,11 @@ fn run_typed<U: Unpack>(plan: &Plan<'_>, channels: Range<usize>) {
         return unsafe { typed_vnni::<U>(vnni, plan, channels) };
     }
     #[cfg(target_arch = "x86_64")]
+    if let Some(vnni) = AvxVnni::detect() {
+        // SAFETY: `vnni` proves the CPU has the features `typed_avx_vnni` is compiled with.
+        return unsafe { typed_avx_vnni::<U>(vnni, plan, channels) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if let Some(avx2) = Avx2::detect() {
         // SAFETY: `avx2` proves the CPU has the features `typed_avx2` is compiled with.
         return unsafe { typed_avx2::<U>(avx2, plan, channels) };
@@ -300,6 +305,12 @@ fn run_typed<U: Unpack>(plan: &Plan<'_>, channels: Range<usize>) {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn typed_vnni<U: Unpack>(vnni: Vnni, plan: &Plan<'_>, channels: Range<usize>) {
     type_channels::<Vnni, U>(vnni, plan, channels)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn typed_avx_vnni<U: Unpack>(vnni: AvxVnni, plan: &Plan<'_>, channels: Range<usize>) {
+    type_channels::<AvxVnni, U>(vnni, plan, channels)
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -210,16 +210,19 @@ fn off_grid_activations_stay_within_the_bound_of_their_rounding() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn each_instruction_set_agrees_with_the_portable_path() {
-    use crate::cpu::int_dot::{Avx2, Vnni, few_rows_with};
+    use crate::cpu::int_dot::{Avx2, AvxVnni, Vnni, few_rows_with};
     let [out, cols] = SHAPE;
     let rows = 5;
-    let (avx2, vnni) = (Avx2::detect(), Vnni::detect());
+    let (avx2, vnni, avx_vnni) = (Avx2::detect(), Vnni::detect(), AvxVnni::detect());
     if avx2.is_none() {
         eprintln!("skipped: this CPU lacks AVX2, FMA or F16C");
         return;
     }
     if vnni.is_none() {
         eprintln!("AVX-512 VNNI not checked: this CPU lacks it");
+    }
+    if avx_vnni.is_none() {
+        eprintln!("AVX-VNNI not checked: this CPU lacks it");
     }
     for (t, ty) in GgmlType::BLOCK_QUANTIZED.into_iter().enumerate() {
         let blocks = random_blocks(ty, SHAPE, 800 + t as u64);
@@ -236,7 +239,12 @@ fn each_instruction_set_agrees_with_the_portable_path() {
         if let Some(vnni) = vnni {
             let mut y = vec![f32::NAN; rows * out];
             few_rows_with(vnni, &x, rows, weight, None, &mut y);
-            paths.push(("vnni", y));
+            paths.push(("avx512-vnni", y));
+        }
+        if let Some(vnni) = avx_vnni {
+            let mut y = vec![f32::NAN; rows * out];
+            few_rows_with(vnni, &x, rows, weight, None, &mut y);
+            paths.push(("avx-vnni", y));
         }
         for (path, y) in paths {
             for (i, ((&a, &p), &(_, _, rounding))) in
