@@ -1,7 +1,8 @@
-//! Decode-shaped linear layers (one token, and four: a batched server's step; SmolLM2-135M widths) and
+//! Decode-shaped linear layers (one token, and four and eight: a batched server's steps; SmolLM2-135M widths) and
 //! prefill-shaped ones (a 128-token prompt): dense f32 matmul against `QuantizedLinear` for each scheme and
-//! `GgmlLinear` for the common ggml block types, on its default integer path (`ggml`) and its exact f32 one
-//! (`ggml-exact`; random blocks: the kernels' speed does not depend on the values), on the reference CPU backend.
+//! `GgmlLinear` for the common ggml block types, on its default integer path (`ggml`: the decode kernel, or on
+//! CPUs with AVX-512 VNNI the integer tiles from 8 rows) and its exact f32 one (`ggml-exact`; random blocks: the
+//! kernels' speed does not depend on the values), on the reference CPU backend.
 //!
 //! Run: `cargo bench -p ember-optimization --bench quantized_linear`
 
@@ -37,6 +38,11 @@ fn bench(c: &mut Criterion) {
             SHAPES[..2]
                 .iter()
                 .map(|&(name, shape)| ("decode4_linear", name, shape, 4)),
+        )
+        .chain(
+            SHAPES[..2]
+                .iter()
+                .map(|&(name, shape)| ("decode8_linear", name, shape, 8)),
         )
         .chain(
             SHAPES[..2]
@@ -80,10 +86,6 @@ fn bench(c: &mut Criterion) {
             )
             .expect("whole blocks");
             for (path, exact) in [("ggml", false), ("ggml-exact", true)] {
-                if exact && rows > 16 {
-                    // Prompts take the one (exact) tiled path either way.
-                    continue;
-                }
                 group.bench_with_input(BenchmarkId::new(path, ty), &layer, |b, layer| {
                     ember_attention::set_exact_ggml_products(exact);
                     b.iter(|| layer.forward(x.clone()).into_data());

@@ -5,6 +5,10 @@ use std::ops::Range;
 
 use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::{Bytes, DType, Shape};
+use rayon::prelude::*;
+
+use super::linear::OutPtr;
+use super::{PARALLEL_MIN, kernel_threads};
 
 /// Writes `value` into the block `ranges` of `dst` in place and returns `true`, or returns `false` (changing
 /// nothing) when `dst` is not a uniquely owned, contiguous f32 tensor, `value` is not f32, or the shapes do not
@@ -66,8 +70,9 @@ pub(crate) fn write_block(
 }
 
 /// Rows `rows` of `tensor` (along its first dimension) as a new contiguous tensor, each copied once into an
-/// output that is never zero-filled; `None` for a tensor that is not f32 or a row out of range, which the caller
-/// selects the usual way (and reports).
+/// output that is never zero-filled, the rows split across the kernel threads when there are many (a server's
+/// gather of every row's keys and values, a step's largest serial copy otherwise); `None` for a tensor that is not
+/// f32 or a row out of range, which the caller selects the usual way (and reports).
 pub(crate) fn select_rows(tensor: &FlexTensor, rows: &[usize]) -> Option<FlexTensor> {
     if tensor.dtype() != DType::F32 {
         return None;
@@ -79,10 +84,33 @@ pub(crate) fn select_rows(tensor: &FlexTensor, rows: &[usize]) -> Option<FlexTen
     let contiguous = tensor.to_contiguous();
     let data = contiguous.storage::<f32>();
     let row = shape.num_elements() / shape[0].max(1);
-    let mut out = Vec::with_capacity(rows.len() * row);
-    for &r in rows {
-        out.extend_from_slice(&data[r * row..(r + 1) * row]);
+    let total = rows.len() * row;
+    let mut out: Vec<f32> = Vec::with_capacity(total);
+    let dst = OutPtr(out.as_mut_ptr());
+    let copy = |part: Range<usize>| {
+        for (i, &r) in rows[part.clone()].iter().enumerate() {
+            let src = &data[r * row..(r + 1) * row];
+            // SAFETY: `out` has capacity for `rows.len()` rows; row `part.start + i` is written by this part
+            // alone, and nothing reads `out` until every part has run.
+            unsafe {
+                let at = dst.get().add((part.start + i) * row);
+                std::ptr::copy_nonoverlapping(src.as_ptr(), at, row);
+            }
+        }
+    };
+    let threads = kernel_threads();
+    if total < PARALLEL_MIN || threads == 1 || rows.len() < threads {
+        copy(0..rows.len());
+    } else {
+        let per_task = rows.len().div_ceil(threads);
+        let task = |t: usize| copy(t * per_task..((t + 1) * per_task).min(rows.len()));
+        let tasks = rows.len().div_ceil(per_task);
+        if threads < rayon::current_num_threads() || !super::spin_pool::run(tasks, &task) {
+            (0..tasks).into_par_iter().for_each(task);
+        }
     }
+    // SAFETY: every one of the `total` elements was written above.
+    unsafe { out.set_len(total) };
     let mut dims = shape.to_vec();
     dims[0] = rows.len();
     Some(FlexTensor::new(

@@ -455,7 +455,8 @@ fn write_block_equals_slice_assign_and_writes_a_unique_tensor_in_place() {
     assert_ne!(floats(written), original);
 }
 
-/// `select_rows` equals `select(0, rows)`: rows repeated, reordered, none, and a strided (transposed) source.
+/// `select_rows` equals `select(0, rows)`: rows repeated, reordered, none, a strided (transposed) source, and
+/// enough rows to be copied in parallel.
 #[test]
 fn select_rows_equals_select_along_the_first_dimension() {
     use burn::tensor::{Int, TensorData};
@@ -478,4 +479,7 @@ fn select_rows_equals_select_along_the_first_dimension() {
     check(pool.clone(), &[]);
     check(pool.swap_dims(1, 2), &[2, 7]);
     check(tensor::<Flex, 1>([5], 12, 1.0), &[4, 1]);
+    // Enough rows (over 2^15 elements) to be split across the kernel threads.
+    let rows: Vec<usize> = (0..301).map(|i| (i * 7) % 600).collect();
+    check(tensor::<Flex, 3>([600, 3, 64], 13, 1.0), &rows);
 }
