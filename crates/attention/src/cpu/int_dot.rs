@@ -384,20 +384,20 @@ fn madd_rows<D: Dot, const R: usize>(
 /// prefetcher alone left the LM head's Q8_0 loop waiting on its loads.
 const PREFETCH_BYTES: usize = 3072;
 
-/// Asks for the cache lines `PREFETCH_BYTES` past each 64 bytes of `block` (hints only: the addresses may lie
-/// past the weights, where a prefetch does nothing).
+/// Asks for the cache lines `ahead` bytes past each 64 bytes of `block` (hints only: the addresses may lie past
+/// the weights, where a prefetch does nothing).
 #[inline(always)]
-fn prefetch_ahead(block: &[u8]) {
+pub(super) fn prefetch_ahead(block: &[u8], ahead: usize) {
     #[cfg(target_arch = "x86_64")]
     for at in (0..block.len()).step_by(64) {
-        let line = block.as_ptr().wrapping_add(PREFETCH_BYTES + at);
+        let line = block.as_ptr().wrapping_add(ahead + at);
         // SAFETY: `_mm_prefetch` is SSE (every x86-64 CPU) and never faults, whatever the address.
         unsafe {
             std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.cast())
         };
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = block;
+    let _ = (block, ahead);
 }
 
 /// One channel's blocks `row` dotted with rows `first..first + R`.
@@ -425,7 +425,7 @@ fn group<D: Dot, U: Unpack, const R: usize>(
         let pairs = row.chunks_exact(2 * block_bytes);
         let last = pairs.remainder();
         for (c, pair) in pairs.enumerate() {
-            prefetch_ahead(pair);
+            prefetch_ahead(pair, PREFETCH_BYTES);
             let (even, odd) = pair.split_at(block_bytes);
             madd(&mut acc, 0, &dot.load::<U>(even), 2 * c);
             madd(&mut acc, 1, &dot.load::<U>(odd), 2 * c + 1);
@@ -436,7 +436,7 @@ fn group<D: Dot, U: Unpack, const R: usize>(
     } else {
         let mut chunks = [IntChunk::default(); SPAN];
         for (s, span) in row.chunks(SPAN / per_block * block_bytes).enumerate() {
-            prefetch_ahead(span);
+            prefetch_ahead(span, PREFETCH_BYTES);
             let n = span.len() / block_bytes * per_block;
             for (block, chunks) in span
                 .chunks_exact(block_bytes)

@@ -28,11 +28,9 @@
 
 use std::cell::Cell;
 
-use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-
 use rayon::prelude::*;
 
-use super::int_dot::{Avx2, Vnni, run_split};
+use super::int_dot::{Avx2, Vnni, prefetch_ahead, run_split};
 use super::kernel_threads;
 use super::linear::OutPtr;
 use super::q8::quantize_chunk;
@@ -254,16 +252,13 @@ fn unpack_channels<U: Unpack>(
     let [_, cols] = weight.shape();
     let per_row = cols / CHUNK_LEN;
     out.resize(channels.len() * per_row, ChannelChunk::default());
+    // The most chunks a block holds: a K-quant super-block's eight.
     let mut chunks = [IntChunk::default(); 8];
     for (o, dst) in channels.zip(out.chunks_exact_mut(per_row)) {
         let row = weight.row(o);
         // The next tile's channels, while this one's are unpacked and multiplied: with few rows (a decode
         // batch) unpacking is where the weights stream in from memory, and it had waited on its loads.
-        for at in (0..row.len()).step_by(64) {
-            let line = row.as_ptr().wrapping_add(TILE_CHANNELS * row.len() + at);
-            // SAFETY: a prefetch is a hint that never faults, whatever the address.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.cast()) };
-        }
+        prefetch_ahead(row, TILE_CHANNELS * row.len());
         for (block, dst) in row
             .chunks_exact(U::BLOCK_BYTES)
             .zip(dst.chunks_exact_mut(U::CHUNKS))
@@ -277,8 +272,8 @@ fn unpack_channels<U: Unpack>(
 }
 
 /// `chunk` as the tile multiplies it: signed integers (the offset moved in, the minimum then zero) with their
-/// sums' start, or unsigned ones with the minimum. In AVX2: scalar, the byte sums had cost more than the
-/// unpacking.
+/// sums' start, or unsigned ones with the minimum. In AVX2 intrinsics because the scalar byte sums had cost
+/// more than the unpacking itself.
 #[inline(always)]
 fn prepared<U: Unpack>(_: Avx2, chunk: &IntChunk) -> ChannelChunk {
     use std::arch::x86_64::*;
