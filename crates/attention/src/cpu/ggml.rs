@@ -60,10 +60,10 @@ pub(crate) fn ggml_dense(
 }
 
 /// Rows from which the integer tiles ([`super::int_gemm`], where the CPU has AVX-512 VNNI) beat the decode
-/// kernel, measured on batched decode steps of SmolLM2 at 2 threads: at 8 rows (paired lanes) +5-30% on Q4_1,
-/// Q4_K_M and Q8_0, at 16 rows +15-30% (Q8_0); at 4-6 rows a wash (Q4_K_M +16-21%, Q8_0 -3-9%), each weight
-/// block's unpacking serving too few rows.
-const INTEGER_TILE_ROWS: usize = 8;
+/// kernel, measured on batched decode steps of SmolLM2 at 2 threads (`ember bench --batch B`, docs/BENCHMARKS.md):
+/// at 5 rows Q4_1 +10%, Q4_K_M +18%, Q8_0 even; at 6-7 rows +8-43%; at 4 rows and fewer the decode kernel wins
+/// (Q4_K_M and Q8_0 by 10-30%), each weight block's unpacking serving too few rows.
+const INTEGER_TILE_ROWS: usize = 5;
 
 /// The integer prompt path where the CPU has it ([`super::int_gemm`]); `false` (nothing written) elsewhere.
 fn integer_many_rows(

@@ -347,8 +347,14 @@ fn type_channels<D: Dot, U: Unpack>(dot: D, plan: &Plan<'_>, channels: Range<usi
             write(first, &group::<D, U, GROUP>(dot, plan, row, first));
             first += GROUP;
         }
-        for r in first..plan.rows {
-            write(r, &group::<D, U, 1>(dot, plan, row, r));
+        // The rest in one pass too: one row at a time had unpacked each block once per row, so 7 rows cost
+        // four passes over the weights and ran slower than 8 (docs/BENCHMARKS.md).
+        const { assert!(GROUP == 4, "the arms below cover 1..GROUP rows") };
+        match plan.rows - first {
+            3 => write(first, &group::<D, U, 3>(dot, plan, row, first)),
+            2 => write(first, &group::<D, U, 2>(dot, plan, row, first)),
+            1 => write(first, &group::<D, U, 1>(dot, plan, row, first)),
+            _ => {}
         }
     }
 }

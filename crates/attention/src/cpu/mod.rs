@@ -97,7 +97,7 @@ static EXACT_GGML_PRODUCTS: AtomicBool = AtomicBool::new(false);
 /// products with the blocks, moving each output by at most `Σ |w_i| d_i / 2` (`d_i` the activation chunk's
 /// scale, `max |x| / 127`); `true` multiplies f32 activations with the dequantized blocks, exact up to f32
 /// rounding and 3-30x slower per decode product (docs/BENCHMARKS.md): the oracle. Prompts (more than 16 rows)
-/// take the integer path only on CPUs with AVX-512 VNNI (as do decode batches of 8 rows or more there), where it
+/// take the integer path only on CPUs with AVX-512 VNNI (as do decode batches of 5 rows or more there), where it
 /// is 2-3x faster than dequantizing tiles for gemm; elsewhere they are exact either way.
 pub fn set_exact_ggml_products(exact: bool) {
     EXACT_GGML_PRODUCTS.store(exact, Ordering::Relaxed);
@@ -108,7 +108,7 @@ pub fn exact_ggml_products() -> bool {
     EXACT_GGML_PRODUCTS.load(Ordering::Relaxed)
 }
 
-/// Whether products of 8 rows or more (prompts, decode batches of 8 or more) with ggml blocks take the integer
+/// Whether products of 5 rows or more (prompts, decode batches of 5 or more) with ggml blocks take the integer
 /// tiles: the default products ([`set_exact_ggml_products`]) on a CPU with AVX-512 VNNI.
 pub fn integer_prompt_products() -> bool {
     #[cfg(target_arch = "x86_64")]
