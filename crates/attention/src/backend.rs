@@ -10,7 +10,7 @@
 use std::ops::Range;
 
 use burn::tensor::{
-    Slice,
+    Slice, TensorMetadata,
     backend::Backend,
     ops::{BoolTensor, FloatTensor, IntTensor},
 };
@@ -18,6 +18,7 @@ use burn::tensor::{
 use crate::flash::FlashConfig;
 use crate::ggml::GgmlMatrix;
 use crate::ops::CodeLayout;
+use crate::paged::{PagedConfig, PagedRows};
 use crate::portable::*;
 use crate::rope::RopeConfig;
 
@@ -228,6 +229,33 @@ pub trait EmberBackend: Backend {
     fn select_rows(tensor: FloatTensor<Self>, rows: &[usize]) -> FloatTensor<Self> {
         portable_select_rows::<Self>(tensor, rows)
     }
+
+    /// `tensor` with row `rows[i]` along its first dimension replaced by row `i` of `value` (checked by the
+    /// caller: one row per entry, each in range), in place where the backend can. burn-flex copies the rows
+    /// straight into a uniquely owned tensor; the default writes each run of consecutive rows with
+    /// [`write_block`](Self::write_block).
+    fn write_rows(
+        tensor: FloatTensor<Self>,
+        rows: &[usize],
+        value: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        portable_write_rows::<Self>(tensor, rows, value)
+    }
+
+    /// Attention of `q` `[batch, q_heads, q_len, head_dim]` over each row's positions of the paged store `keys`
+    /// `[slots, kv_heads, head_dim]` / `values` `[slots, kv_heads, v_dim]`, read in place through `rows` (see
+    /// [`crate::paged_attention`]), or `None` where the backend has no such kernel: the caller then gathers the
+    /// rows and attends over the copy. burn-flex runs it natively; the default declines.
+    fn paged_attention(
+        q: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        rows: PagedRows<'_>,
+        config: PagedConfig,
+    ) -> Option<FloatTensor<Self>> {
+        let _ = (q, keys, values, rows, config);
+        None
+    }
 }
 
 /// [`EmberBackend::select_rows`] through the backend's `select`.
@@ -239,6 +267,34 @@ pub(crate) fn portable_select_rows<B: Backend>(
     let index: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
     let index = B::int_from_data(burn::tensor::TensorData::new(index, [rows.len()]), &device);
     B::float_select(tensor, 0, index)
+}
+
+/// [`EmberBackend::write_rows`] as one [`EmberBackend::write_block`] per run of consecutive rows.
+pub(crate) fn portable_write_rows<B: EmberBackend>(
+    mut tensor: FloatTensor<B>,
+    rows: &[usize],
+    value: FloatTensor<B>,
+) -> FloatTensor<B> {
+    let shape = tensor.shape();
+    let inner: Vec<Range<usize>> = shape.iter().skip(1).map(|&d| 0..d).collect();
+    let mut i = 0;
+    while i < rows.len() {
+        let mut run = 1;
+        while i + run < rows.len() && rows[i + run] == rows[i] + run {
+            run += 1;
+        }
+        let src: Vec<Range<usize>> = std::iter::once(i..i + run)
+            .chain(inner.iter().cloned())
+            .collect();
+        let dst: Vec<Range<usize>> = std::iter::once(rows[i]..rows[i] + run)
+            .chain(inner.iter().cloned())
+            .collect();
+        let slices: Vec<Slice> = src.into_iter().map(Slice::from).collect();
+        let part = B::float_slice(value.clone(), &slices);
+        tensor = B::write_block(tensor, &dst, part);
+        i += run;
+    }
+    tensor
 }
 
 #[cfg(feature = "ndarray")]

@@ -2,7 +2,7 @@
 
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 
-use crate::{AttentionError, EmberBackend, write_block};
+use crate::{AttentionError, AttentionOptions, EmberBackend, write_block};
 
 /// Per-layer storage of past keys and values.
 ///
@@ -41,6 +41,37 @@ pub trait KvCache<B: Backend> {
 
     /// Forgets everything, so the next append may use another batch size.
     fn reset(&mut self);
+
+    /// Appends as [`append`](Self::append) does, then attends `q` `[batch, q_heads, new, head_dim]` over the
+    /// layer's positions with `options` where the cache can without handing out a copy of them (the paged
+    /// pool reads its blocks in place: [`crate::paged_attention`]); otherwise returns the keys and values
+    /// `append` returns, for the caller to attend over. The default always does the latter.
+    fn append_attend(
+        &mut self,
+        layer: usize,
+        q: &Tensor<B, 4>,
+        k: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+        options: &AttentionOptions<B>,
+    ) -> Result<Appended<B>, AttentionError> {
+        let _ = (q, options);
+        let (keys, values) = self.append(layer, k, v)?;
+        Ok(Appended::Keys { keys, values })
+    }
+}
+
+/// What [`KvCache::append_attend`] returns.
+#[derive(Clone, Debug)]
+pub enum Appended<B: Backend> {
+    /// The cache attended: the output `[batch, q_heads, new, v_dim]`.
+    Attended(Tensor<B, 4>),
+    /// The layer's keys and values so far, as [`KvCache::append`] returns them.
+    Keys {
+        /// `[batch, kv_heads, positions, head_dim]`.
+        keys: Tensor<B, 4>,
+        /// `[batch, kv_heads, positions, v_dim]`.
+        values: Tensor<B, 4>,
+    },
 }
 
 /// One layer's buffers: `[batch, kv_heads, capacity, dim]`, of which the first `len` positions are valid.

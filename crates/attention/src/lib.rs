@@ -59,6 +59,7 @@ mod manual;
 mod mask;
 mod ops;
 mod options;
+mod paged;
 mod portable;
 mod rope;
 
@@ -70,9 +71,11 @@ pub use cpu::{
 pub use error::AttentionError;
 pub use flash::{FlashBlocks, FlashConfig, flash_backward, flash_forward};
 pub use kernel::{AttentionKernel, attention, check_shapes, flash_attention};
-pub use kv_cache::{ContiguousKvCache, KvCache};
+pub use kv_cache::{Appended, ContiguousKvCache, KvCache};
 pub use ops::{
     CodeLayout, IGNORE_TARGET, cross_entropy, linear, rms_norm, select_rows, swiglu, write_block,
+    write_rows,
 };
 pub use options::{AttentionOptions, MaskSpec};
+pub use paged::{PagedConfig, PagedRows, paged_attention};
 pub use rope::{Rope, RopeCache, RopeConfig, RopeLayout, RopeScaling};

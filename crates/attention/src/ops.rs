@@ -132,3 +132,36 @@ pub fn select_rows<B: EmberBackend, const D: usize>(
     let out = B::select_rows(tensor.into_primitive().tensor(), rows);
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
+
+/// `tensor` with row `rows[i]` along its first dimension replaced by row `i` of `value`, in place where the
+/// backend can, through [`EmberBackend::write_rows`]: the paged KV pool writes a decode step's new keys and
+/// values of every sequence, each to its own slot, with one call. Keep `tensor` uniquely owned (move it out of
+/// its holder first) so the write needs no copy.
+///
+/// # Panics
+/// If `value` does not have one row per entry of `rows` of `tensor`'s row shape, or a row is out of range.
+pub fn write_rows<B: EmberBackend, const D: usize>(
+    tensor: Tensor<B, D>,
+    rows: &[usize],
+    value: Tensor<B, D>,
+) -> Tensor<B, D> {
+    let (dims, value_dims) = (tensor.dims(), value.dims());
+    assert!(
+        value_dims[0] == rows.len() && value_dims[1..] == dims[1..],
+        "write_rows: {} rows of {:?} expected, the value is {value_dims:?}",
+        rows.len(),
+        &dims[1..]
+    );
+    if let Some(&row) = rows.iter().find(|&&r| r >= dims[0]) {
+        panic!(
+            "write_rows: row {row} out of range, the tensor has {}",
+            dims[0]
+        );
+    }
+    let out = B::write_rows(
+        tensor.into_primitive().tensor(),
+        rows,
+        value.into_primitive().tensor(),
+    );
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}

@@ -64,8 +64,9 @@ pub trait PooledDecoder {
         budget_bytes: usize,
     ) -> Result<PagedKvPool<Self::Backend>, InferenceError>;
 
-    /// Appends `tokens[i]` to sequence `seqs[i]` of `pool` (every row the same length, no padding; the rows may
-    /// hold different numbers of positions) and returns each row's next-token logits, `[rows][vocab]`.
+    /// Appends `tokens[i]` to sequence `seqs[i]` of `pool` and returns each row's next-token logits,
+    /// `[rows][vocab]`. The rows may hold different numbers of positions and bring different numbers of tokens
+    /// (at least one each): a batch of several requests' prompt chunks runs as one step.
     fn step_pooled(
         &self,
         pool: &mut PagedKvPool<Self::Backend>,

@@ -312,10 +312,10 @@ impl<B: EmberBackend> PooledDecoder for TransformerLm<B> {
         seqs: &[SeqId],
         tokens: &[Vec<u32>],
     ) -> Result<Vec<Vec<f32>>, InferenceError> {
-        let seq = tokens.first().map_or(0, Vec::len);
-        if tokens.len() != seqs.len() || tokens.iter().any(|t| t.len() != seq) || seq == 0 {
+        let seq = tokens.iter().map(Vec::len).max().unwrap_or(0);
+        if tokens.len() != seqs.len() || tokens.iter().any(Vec::is_empty) {
             return Err(InferenceError::InvalidBatch(format!(
-                "{} sequences and {} token rows: expected one non-empty row per sequence, all the same length",
+                "{} sequences and {} token rows: expected one non-empty row per sequence",
                 seqs.len(),
                 tokens.len()
             )));
@@ -327,8 +327,20 @@ impl<B: EmberBackend> PooledDecoder for TransformerLm<B> {
             .map(|&s| pool.seq_len(s).map(|len| len as i64))
             .collect::<Result<Vec<_>, _>>()
             .map_err(kv_cache_error)?;
-        let ids = token_tensor::<B>(tokens, &self.device);
-        let padding = vec![vec![false; seq]; seqs.len()];
+        // Shorter rows are left-padded to the longest: the padding is neither stored nor attended to.
+        let padded: Vec<Vec<u32>> = tokens
+            .iter()
+            .map(|t| {
+                let mut row = vec![0; seq - t.len()];
+                row.extend_from_slice(t);
+                row
+            })
+            .collect();
+        let padding: Vec<Vec<bool>> = tokens
+            .iter()
+            .map(|t| (0..seq).map(|i| i < seq - t.len()).collect())
+            .collect();
+        let ids = token_tensor::<B>(&padded, &self.device);
         let logits = step_paged(
             &self.model,
             &self.device,

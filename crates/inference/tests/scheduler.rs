@@ -211,6 +211,48 @@ fn requests_joining_and_leaving_a_running_batch_equal_each_run_alone() {
     assert!(stats.cached_prefixes > 0 && stats.used_blocks > 0);
 }
 
+/// Prompts that arrive together are prefilled as one left-padded step when they fit the budget, each output
+/// still what the request gives alone (same reasoning as above: the padding is neither stored nor attended to);
+/// a prompt too long to share the budget runs in a step of its own.
+#[test]
+fn prompts_arriving_together_are_prefilled_in_one_step() {
+    let lm = tiny(KvCacheKind::paged());
+    let config = SchedulerConfig {
+        prefill_chunk: 40,
+        ..config(8, 4, 48 * 8)
+    };
+    let mut scheduler = Scheduler::new(&lm, None, config).unwrap();
+    let prompts = prompts();
+    // 11, 1 and 7 tokens: 3 rows of 11 fit the budget of 40.
+    let handles: Vec<Handle> = prompts[..3]
+        .iter()
+        .map(|(prompt, max_new)| submit(&mut scheduler, prompt, *max_new))
+        .collect();
+    scheduler.step();
+    let stats = scheduler.stats();
+    assert_eq!((stats.prefill_steps, stats.prefilled_tokens), (1, 19));
+    // Both are admitted; 40 tokens fill the budget alone, so the 12-token prompt behind waits for the next step.
+    let later: Vec<Handle> = [&prompts[4], &prompts[3]]
+        .iter()
+        .map(|(prompt, max_new)| submit(&mut scheduler, prompt, *max_new))
+        .collect();
+    scheduler.step();
+    assert_eq!(scheduler.stats().prefill_steps, 2);
+    assert_eq!(scheduler.stats().prefilled_tokens, 19 + 40);
+    run_to_end(&mut scheduler);
+    let order = [
+        &prompts[0],
+        &prompts[1],
+        &prompts[2],
+        &prompts[4],
+        &prompts[3],
+    ];
+    for ((prompt, max_new), handle) in order.into_iter().zip(handles.iter().chain(&later)) {
+        let (ids, _) = alone(prompt, *max_new);
+        assert_eq!(handle.completion().ids, ids, "prompt {prompt:?}");
+    }
+}
+
 #[test]
 fn a_repeated_system_prompt_is_prefilled_once_with_identical_output() {
     let lm = tiny(KvCacheKind::paged());

@@ -3,7 +3,9 @@
 
 use burn::backend::Flex;
 use burn::tensor::{Distribution, Tensor};
-use ember_attention::{AttentionKernel, AttentionOptions, ContiguousKvCache, KvCache, attention};
+use ember_attention::{
+    Appended, AttentionKernel, AttentionOptions, ContiguousKvCache, KvCache, attention,
+};
 use ember_optimization::{PagedKvConfig, PagedKvPool, PoolError};
 
 type B = Flex;
@@ -313,4 +315,169 @@ fn a_ragged_view_drops_leading_padding_and_right_aligns_rows() {
         2,
     );
     assert_eq!(values(row1), values(want));
+}
+
+/// Attention reading the pool's blocks in place (`PagedKvPool::attend`, burn-flex's kernel) equals the flash
+/// kernel over the gathered, left-padded copy bit for bit: both take the same products and sums in the same
+/// order (crates/attention/src/cpu/paged.rs), and padding never enters either. Rows of different lengths whose
+/// blocks interleave (and one forked from another), grouped query heads, 1-3 queries per row, with and without
+/// a sliding window; head and value widths that leave a tail after the eight-lane chunks. Against a float64
+/// reference: 1e-5, f32 rounding of dot products of at most 64 terms and softmax sums of at most 25 terms of
+/// size <= 1.
+#[test]
+fn in_place_attention_equals_flash_over_the_gathered_copy() {
+    // Widths with a tail past the chunks of eight, and a 64-wide head with a value past 64 columns.
+    in_place_equals_flash(20, 12);
+    in_place_equals_flash(64, 72);
+}
+
+fn in_place_equals_flash(head: usize, value: usize) {
+    let device = Default::default();
+    let config = PagedKvConfig::new(LAYERS, KV_HEADS, head)
+        .with_v_dim(value)
+        .with_block_size(BLOCK)
+        .with_budget_bytes(64 << 20);
+    let mut pool = PagedKvPool::<B>::new(config, &device).unwrap();
+    let chunk = |n: usize| {
+        (
+            Tensor::<B, 3>::random([KV_HEADS, n, head], Distribution::Normal(0.0, 1.0), &device),
+            Tensor::<B, 3>::random(
+                [KV_HEADS, n, value],
+                Distribution::Normal(0.0, 1.0),
+                &device,
+            ),
+        )
+    };
+    let mut seqs = vec![
+        pool.add_sequence(),
+        pool.add_sequence(),
+        pool.add_sequence(),
+    ];
+    // Interleaved appends, so each sequence's blocks are scattered through the storage.
+    for round in [[5, 1, 7], [3, 2, 6], [4, 2, 8]] {
+        for (&seq, n) in seqs.iter().zip(round) {
+            let (k, v) = chunk(n);
+            pool.append(seq, 1, k, v).unwrap();
+        }
+    }
+    let fork = pool.fork(seqs[0]).unwrap();
+    pool.truncate(fork, 10).unwrap();
+    let (k, v) = chunk(3);
+    pool.append(fork, 1, k, v).unwrap();
+    seqs.push(fork);
+    for (q_len, window) in [(1, None), (1, Some(5)), (2, None), (3, Some(4))] {
+        for &seq in &seqs {
+            let (k, v) = chunk(q_len);
+            pool.append(seq, 1, k, v).unwrap();
+        }
+        let lens: Vec<usize> = seqs.iter().map(|&s| pool.seq_len(s).unwrap()).collect();
+        let width = *lens.iter().max().unwrap();
+        let gathered = pool.gather(&seqs, 1).unwrap();
+        let q = random([seqs.len(), Q_HEADS, q_len, head]);
+        let mut options = AttentionOptions::causal()
+            .with_offset(width - q_len)
+            .with_window_opt(window);
+        if let Some(padding) = gathered.padding.clone() {
+            options = options.with_key_padding(padding);
+        }
+        let in_place = pool
+            .attend(&seqs, 1, &q, &options)
+            .unwrap()
+            .expect("burn-flex attends in place");
+        assert_eq!(in_place.dims(), [seqs.len(), Q_HEADS, q_len, value]);
+        let flash = attention(
+            AttentionKernel::Flash,
+            q.clone(),
+            gathered.keys.clone(),
+            gathered.values.clone(),
+            &options,
+        );
+        let got = values(in_place);
+        assert_eq!(got, values(flash), "q_len {q_len}, window {window:?}");
+
+        let (q, keys, vals) = (values(q), values(gathered.keys), values(gathered.values));
+        let group = Q_HEADS / KV_HEADS;
+        for (b, &len) in lens.iter().enumerate() {
+            for h in 0..Q_HEADS {
+                let kv = b * KV_HEADS + h / group;
+                for i in 0..q_len {
+                    // Own position of the query, and the first axis position of the row's keys.
+                    let (pos, lead) = (len - q_len + i, width - len);
+                    let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                    let query = &q[((b * Q_HEADS + h) * q_len + i) * head..][..head];
+                    let scores: Vec<f64> = (lo..=pos)
+                        .map(|p| {
+                            let key = &keys[(kv * width + lead + p) * head..][..head];
+                            let dot: f64 = query
+                                .iter()
+                                .zip(key)
+                                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                                .sum();
+                            dot / (head as f64).sqrt()
+                        })
+                        .collect();
+                    let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                    let sum: f64 = weights.iter().sum();
+                    for c in 0..value {
+                        let want: f64 = (lo..=pos)
+                            .zip(&weights)
+                            .map(|(p, w)| w * f64::from(vals[(kv * width + lead + p) * value + c]))
+                            .sum::<f64>()
+                            / sum;
+                        let at = ((b * Q_HEADS + h) * q_len + i) * value + c;
+                        assert!(
+                            (f64::from(got[at]) - want).abs() <= 1e-5,
+                            "row {b} head {h} query {i} column {c}: {} vs {want}",
+                            got[at]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The cache view attends in place on decode steps and hands out the gathered copy where it must: a step whose
+/// rows carry leading padding (a batched prompt), and the reference kernels, which the model keeps on the copy.
+#[test]
+fn the_cache_view_attends_in_place_only_on_unpadded_steps() {
+    let device = Default::default();
+    let mut pool = PagedKvPool::<B>::new(config(16), &device).unwrap();
+    let seqs = vec![pool.add_sequence(), pool.add_sequence()];
+    let options = AttentionOptions::causal();
+    let (q, k, v) = (
+        random([2, Q_HEADS, 4, HEAD_DIM]),
+        random([2, KV_HEADS, 4, HEAD_DIM]),
+        random([2, KV_HEADS, 4, HEAD_DIM]),
+    );
+    let mut view = pool
+        .cache(seqs.clone())
+        .unwrap()
+        .with_leading_padding(vec![0, 2]);
+    let padded = view.append_attend(0, &q, k, v, &options).unwrap();
+    assert!(
+        matches!(padded, Appended::Keys { .. }),
+        "a padded prompt gathers"
+    );
+    let mut view = pool.cache(seqs).unwrap();
+    let (q, k, v) = (
+        random([2, Q_HEADS, 1, HEAD_DIM]),
+        random([2, KV_HEADS, 1, HEAD_DIM]),
+        random([2, KV_HEADS, 1, HEAD_DIM]),
+    );
+    match view.append_attend(0, &q, k, v, &options).unwrap() {
+        Appended::Attended(out) => assert_eq!(out.dims(), [2, Q_HEADS, 1, HEAD_DIM]),
+        Appended::Keys { .. } => panic!("a decode step attends in place on burn-flex"),
+    }
+    let softcapped = options.with_softcap(30.0);
+    let (k, v) = (
+        random([2, KV_HEADS, 1, HEAD_DIM]),
+        random([2, KV_HEADS, 1, HEAD_DIM]),
+    );
+    let capped = view.append_attend(0, &q, k, v, &softcapped).unwrap();
+    assert!(
+        matches!(capped, Appended::Keys { .. }),
+        "soft-capped scores gather"
+    );
 }

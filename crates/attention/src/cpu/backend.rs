@@ -11,6 +11,7 @@ use crate::EmberBackend;
 use crate::flash::FlashConfig;
 use crate::ggml::GgmlMatrix;
 use crate::ops::CodeLayout;
+use crate::paged::{PagedConfig, PagedRows};
 use crate::portable::*;
 use crate::rope::RopeConfig;
 
@@ -164,9 +165,30 @@ impl EmberBackend for Flex {
         Self::float_slice_assign(tensor, &slices, value)
     }
 
+    fn write_rows(
+        mut tensor: FloatTensor<Self>,
+        rows: &[usize],
+        value: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        if crate::cpu::write_rows(&mut tensor, rows, &value) {
+            return tensor;
+        }
+        crate::backend::portable_write_rows::<Self>(tensor, rows, value)
+    }
+
     fn select_rows(tensor: FloatTensor<Self>, rows: &[usize]) -> FloatTensor<Self> {
         crate::cpu::select_rows(&tensor, rows)
             .unwrap_or_else(|| crate::backend::portable_select_rows::<Self>(tensor, rows))
+    }
+
+    fn paged_attention(
+        q: FloatTensor<Self>,
+        keys: FloatTensor<Self>,
+        values: FloatTensor<Self>,
+        rows: PagedRows<'_>,
+        config: PagedConfig,
+    ) -> Option<FloatTensor<Self>> {
+        crate::cpu::paged_attention(&q, &keys, &values, rows, config)
     }
 
     fn rope_rotate(

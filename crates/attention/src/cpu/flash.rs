@@ -17,7 +17,7 @@ use super::{f32_slice, kernel_threads, zeroed};
 
 /// Replaces each `x` of `row` by `exp(x - max)` and returns their sum (in 8 lanes, so both loops vectorise).
 #[inline(always)]
-fn exp_shifted_sum(row: &mut [f32], max: f32) -> f32 {
+pub(super) fn exp_shifted_sum(row: &mut [f32], max: f32) -> f32 {
     for x in row.iter_mut() {
         *x = exp(*x - max);
     }
@@ -211,7 +211,7 @@ impl Chunks {
 
 /// A read-only `[batch, heads, len, width]` f32 tensor with unit stride along `width` and any other strides:
 /// the heads as the projections left them (a transposed view), or a slice of a KV cache, read in place.
-struct Heads<'a> {
+pub(super) struct Heads<'a> {
     data: &'a [f32],
     start: usize,
     /// Strides of batch, head and row.
@@ -223,7 +223,7 @@ struct Heads<'a> {
 
 impl<'a> Heads<'a> {
     /// `t` viewed as `[batch, heads, len, width]`, or `None` when it has another shape or layout.
-    fn of(t: &'a FlexTensor, [batch, heads, len, width]: [usize; 4]) -> Option<Self> {
+    pub(super) fn of(t: &'a FlexTensor, [batch, heads, len, width]: [usize; 4]) -> Option<Self> {
         let (shape, st) = (t.layout().shape(), t.layout().strides());
         if t.dtype() != DType::F32
             || shape.num_dims() != 4
@@ -245,7 +245,7 @@ impl<'a> Heads<'a> {
 
     /// Head `bh` of the flattened `[batch, heads]` order: the memory from its first row to the end of its last,
     /// and the row stride.
-    fn head(&self, bh: usize) -> (&'a [f32], usize) {
+    pub(super) fn head(&self, bh: usize) -> (&'a [f32], usize) {
         let base =
             self.start + bh / self.heads * self.strides[0] + bh % self.heads * self.strides[1];
         let end = base + (self.len - 1) * self.strides[2] + self.width;
@@ -254,7 +254,7 @@ impl<'a> Heads<'a> {
 }
 
 /// An output written head by head into position-major memory, `[batch, len, heads, width]`.
-struct HeadsOut {
+pub(super) struct HeadsOut {
     ptr: *mut f32,
     total: usize,
     heads: usize,
@@ -267,7 +267,7 @@ unsafe impl Sync for HeadsOut {}
 
 impl HeadsOut {
     /// `t` must be a fresh contiguous `[batch, len, heads, width]` tensor.
-    fn new(t: &mut FlexTensor) -> Self {
+    pub(super) fn new(t: &mut FlexTensor) -> Self {
         let s = t.layout().shape().clone();
         let data = t.storage_mut::<f32>();
         HeadsOut {
@@ -283,7 +283,7 @@ impl HeadsOut {
     ///
     /// # Safety
     /// No other thread reads or writes these rows of this head during the call.
-    unsafe fn write(&self, bh: usize, first: usize, rows: &[f32]) {
+    pub(super) unsafe fn write(&self, bh: usize, first: usize, rows: &[f32]) {
         let (b, h) = (bh / self.heads, bh % self.heads);
         for (i, row) in rows.chunks_exact(self.width).enumerate() {
             let at = ((b * self.len + first + i) * self.heads + h) * self.width;

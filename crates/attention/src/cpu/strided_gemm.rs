@@ -22,23 +22,32 @@ struct Operands<'a> {
     accumulate: bool,
 }
 
-/// `Σ a[i] b[i]` in eight lanes, so that the loop vectorises.
+/// `Σ a[i] b[i]` in eight lanes, so that the loop vectorises, the lanes added by [`lane_sum`] and then the
+/// terms past the last whole chunk of eight. The paged attention kernel's AVX2 scores compute exactly this
+/// ([`super::paged`]), eight keys at a time.
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
+    let tail = dot_tail(ca.remainder(), cb.remainder());
     for (x, y) in ca.zip(cb) {
         for ((l, &x), &y) in lanes.iter_mut().zip(x).zip(y) {
             *l += x * y;
         }
     }
-    lanes.iter().sum::<f32>() + tail
+    lane_sum(lanes) + tail
+}
+
+/// The eight lanes of a [`dot`] added as a tree: what two horizontal adds and a half swap give in AVX2.
+#[inline(always)]
+pub(super) fn lane_sum(l: [f32; 8]) -> f32 {
+    ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
+}
+
+/// The last `a.len() < 8` terms of a [`dot`], one after another.
+#[inline(always)]
+pub(super) fn dot_tail(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).fold(0.0, |sum, (x, y)| sum + x * y)
 }
 
 /// [`gemm`] by plain loops when a row of `lhs` and a column of `rhs` are both contiguous (dot products: the

@@ -1,5 +1,6 @@
 //! Writing a block of a tensor in place, for the KV caches' appends ([`crate::EmberBackend::write_block`]), and
-//! reading rows out of one, for the paged pool's gathers ([`crate::EmberBackend::select_rows`]).
+//! rows of it, for the paged pool's ([`crate::EmberBackend::write_rows`]); reading rows out of one, for its
+//! gathers ([`crate::EmberBackend::select_rows`]).
 
 use std::ops::Range;
 
@@ -65,6 +66,37 @@ pub(crate) fn write_block(
             }
             index[d] = 0;
         }
+    }
+    true
+}
+
+/// Writes row `i` of `value` over row `rows[i]` of `dst` (along the first dimension) in place and returns
+/// `true`, or returns `false` (changing nothing) when `dst` is not a uniquely owned, contiguous f32 tensor,
+/// `value` is not f32, or the shapes or rows do not fit: the caller then writes the usual way.
+pub(crate) fn write_rows(dst: &mut FlexTensor, rows: &[usize], value: &FlexTensor) -> bool {
+    let shape = dst.layout().shape().clone();
+    let value_shape = value.layout().shape();
+    let fits = shape.num_dims() > 0
+        && value_shape.num_dims() == shape.num_dims()
+        && value_shape[0] == rows.len()
+        && (1..shape.num_dims()).all(|d| value_shape[d] == shape[d])
+        && rows.iter().all(|&r| r < shape[0]);
+    if !fits
+        || dst.dtype() != DType::F32
+        || value.dtype() != DType::F32
+        || !dst.layout().is_contiguous()
+        || dst.layout().start_offset() != 0
+    {
+        return false;
+    }
+    let value = value.to_contiguous();
+    let src = value.storage::<f32>();
+    let row = shape.num_elements() / shape[0].max(1);
+    let Some(dst) = dst.try_storage_mut::<f32>() else {
+        return false;
+    };
+    for (&r, piece) in rows.iter().zip(src.chunks_exact(row.max(1))) {
+        dst[r * row..(r + 1) * row].copy_from_slice(piece);
     }
     true
 }

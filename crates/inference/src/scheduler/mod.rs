@@ -80,6 +80,8 @@ pub struct SchedulerStats {
     pub cached_prompt_tokens: u64,
     /// Tokens run by prefill steps (prompt tokens not cached, plus recomputation after preemption).
     pub prefilled_tokens: u64,
+    /// Prefill steps run: each takes the prompt chunks of every request that fits the budget at once.
+    pub prefill_steps: u64,
     /// Tokens generated.
     pub generated_tokens: u64,
     /// KV blocks referenced by a sequence (running or cached).
@@ -362,18 +364,44 @@ impl<'m, M: PooledDecoder> Scheduler<'m, M> {
         Ok((self.pool.add_sequence(), 0))
     }
 
+    /// Runs the next prompt chunks: the first prefilling requests whose chunks fit the
+    /// [`prefill_chunk`](SchedulerConfig::prefill_chunk) budget, as one batched step (rows left-padded to the
+    /// longest chunk, the padding counted against the budget so a long prompt runs alone rather than padding
+    /// short ones). Requests whose prompt is then complete sample their first token and join the decoding batch.
     fn prefill(&mut self) -> bool {
-        let mut budget = self.config.prefill_chunk;
-        let mut ran = false;
-        while budget > 0 {
+        loop {
+            let batch = self.next_prefill_batch();
+            if batch.is_empty() {
+                return false;
+            }
+            if self.run_prefill(batch) {
+                return true;
+            }
+            // The step failed, and its requests with it: the next ones may still run.
+        }
+    }
+
+    /// Takes the requests of the next prefill step off the queue with the length of each one's chunk; empty when
+    /// none can run (no prefilling request, or no room for the first one's chunk).
+    fn next_prefill_batch(&mut self) -> Vec<(Live<'m>, usize)> {
+        let budget = self.config.prefill_chunk;
+        let mut batch: Vec<(Live<'m>, usize)> = Vec::new();
+        let (mut longest, mut blocks) = (0, 0);
+        while batch.len() < self.config.max_batch {
             let Some(live) = self.prefilling.front() else {
                 break;
             };
             let (fed, total) = (live.fed, live.pending.len());
             let chunk = (total - fed).min(budget);
-            if !self.make_room(self.blocks_spanning(fed, fed + chunk)) {
+            let wider = longest.max(chunk);
+            if !batch.is_empty() && wider * (batch.len() + 1) > budget {
+                break;
+            }
+            // The blocks of the chunks taken so far are only allocated when the step runs: count them too.
+            let needed = blocks + self.blocks_spanning(fed, fed + chunk);
+            if !self.make_room(needed) {
                 // Nothing decoding will free blocks: make them by preempting the newest other prefill.
-                if self.decoding.is_empty() && self.prefilling.len() > 1 {
+                if batch.is_empty() && self.decoding.is_empty() && self.prefilling.len() > 1 {
                     if let Some(newest) = self.prefilling.pop_back() {
                         self.preempt(newest);
                     }
@@ -381,51 +409,71 @@ impl<'m, M: PooledDecoder> Scheduler<'m, M> {
                 }
                 break;
             }
-            let Some(mut live) = self.prefilling.pop_front() else {
+            let Some(live) = self.prefilling.pop_front() else {
                 break;
             };
-            let Some(seq) = live.seq else {
+            if live.seq.is_none() {
                 self.fail(live, InferenceError::NoOutput);
                 continue;
-            };
-            let tokens = vec![live.pending[fed..fed + chunk].to_vec()];
-            let logits = match self.model.step_pooled(&mut self.pool, &[seq], &tokens) {
-                Ok(logits) => logits,
-                Err(e) => {
-                    self.fail(live, e);
-                    continue;
+            }
+            (longest, blocks) = (wider, needed);
+            batch.push((live, chunk));
+        }
+        batch
+    }
+
+    /// One prefill step over `batch`; whether the model ran. A failed step fails its requests.
+    fn run_prefill(&mut self, batch: Vec<(Live<'m>, usize)>) -> bool {
+        let seqs: Vec<SeqId> = batch.iter().filter_map(|(live, _)| live.seq).collect();
+        let tokens: Vec<Vec<u32>> = batch
+            .iter()
+            .map(|(live, chunk)| live.pending[live.fed..live.fed + chunk].to_vec())
+            .collect();
+        let logits = match self.model.step_pooled(&mut self.pool, &seqs, &tokens) {
+            Ok(logits) if logits.len() == batch.len() => logits,
+            Ok(_) => {
+                for (live, _) in batch {
+                    self.fail(live, InferenceError::NoOutput);
                 }
-            };
-            ran = true;
-            budget -= chunk;
+                return true;
+            }
+            Err(e) => {
+                let message = e.to_string();
+                for (live, _) in batch {
+                    self.fail(live, InferenceError::Backend(message.clone()));
+                }
+                return false;
+            }
+        };
+        self.stats.prefill_steps += 1;
+        // Requests still prefilling go back to the front in their order.
+        let mut unfinished = Vec::new();
+        for ((mut live, chunk), logits) in batch.into_iter().zip(logits) {
             live.fed += chunk;
             self.stats.prefilled_tokens += chunk as u64;
-            if live.fed < total {
-                self.prefilling.push_front(live);
+            if live.fed < live.pending.len() {
+                unfinished.push(live);
                 continue;
             }
-            self.remember_prompt(seq, &live.pending);
-            match logits.first() {
-                Some(logits) => {
-                    if let Err(e) = self.sample(&mut live, logits) {
-                        self.fail(live, e);
-                        continue;
-                    }
-                    // A request recomputed after preemption may already fill the context.
-                    self.end_if_full(&mut live);
-                }
-                None => {
-                    self.fail(live, InferenceError::NoOutput);
-                    continue;
-                }
+            if let Some(seq) = live.seq {
+                self.remember_prompt(seq, &live.pending);
             }
+            if let Err(e) = self.sample(&mut live, &logits) {
+                self.fail(live, e);
+                continue;
+            }
+            // A request recomputed after preemption may already fill the context.
+            self.end_if_full(&mut live);
             if live.row.finish.is_some() {
                 self.complete(live);
             } else {
                 self.decoding.push(live);
             }
         }
-        ran
+        for live in unfinished.into_iter().rev() {
+            self.prefilling.push_front(live);
+        }
+        true
     }
 
     /// Keeps a prompt that was just prefilled in the prefix cache (a fork: its blocks are shared, not copied), so

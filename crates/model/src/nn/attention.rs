@@ -4,7 +4,9 @@
 use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor};
-use ember_attention::{AttentionKernel, AttentionOptions, EmberBackend, KvCache, Rope, attention};
+use ember_attention::{
+    Appended, AttentionKernel, AttentionOptions, EmberBackend, KvCache, Rope, attention,
+};
 
 use super::{Linear, Norm};
 use crate::error::Result;
@@ -85,10 +87,6 @@ impl<B: EmberBackend> SelfAttention<B> {
                 None => (rope.apply(q, at.offset), rope.apply(k, at.offset)),
             };
         }
-        let (k, v) = match cache {
-            Some(cache) => cache.append(layer, k, v)?,
-            None => (k, v),
-        };
         let mut options = AttentionOptions::causal()
             .with_offset(at.offset)
             .with_window_opt(window);
@@ -101,11 +99,28 @@ impl<B: EmberBackend> SelfAttention<B> {
         if let Some(padding) = &at.key_padding {
             options = options.with_key_padding(padding.clone());
         }
+        let (k, v) = match cache {
+            // Only the flash kernel may be replaced by the cache's own (the paged pool's in-place reads
+            // compute what it computes): a chosen reference kernel keeps attending over the copy.
+            Some(cache) if at.kernel == AttentionKernel::Flash => {
+                match cache.append_attend(layer, &q, k, v, &options)? {
+                    Appended::Attended(out) => return Ok(self.output(out, batch, seq)),
+                    Appended::Keys { keys, values } => (keys, values),
+                }
+            }
+            Some(cache) => cache.append(layer, k, v)?,
+            None => (k, v),
+        };
         ember_attention::check_shapes(&q, &k, &v, &options)?;
         let out = attention(at.kernel, q, k, v, &options);
+        Ok(self.output(out, batch, seq))
+    }
+
+    /// Heads `[batch, heads, seq, head_dim]` merged and projected back to `[batch, seq, hidden]`.
+    fn output(&self, out: Tensor<B, 4>, batch: usize, seq: usize) -> Tensor<B, 3> {
         let out = out
             .swap_dims(1, 2)
             .reshape([batch, seq, self.num_heads * self.head_dim]);
-        Ok(self.o.forward(out))
+        self.o.forward(out)
     }
 }

@@ -2,7 +2,7 @@
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use ember_attention::{AttentionError, EmberBackend, KvCache};
+use ember_attention::{Appended, AttentionError, AttentionOptions, EmberBackend, KvCache};
 
 use crate::error::PoolError;
 use crate::paged::blocks::SeqId;
@@ -57,6 +57,75 @@ impl<B: Backend> PagedKvCache<'_, B> {
     }
 }
 
+impl<B: EmberBackend> PagedKvCache<'_, B> {
+    /// Writes each row's new keys and values (its leading padding dropped) into `layer`; returns the width of
+    /// the common position axis after the append (the longest row so far plus the new tokens).
+    fn store(
+        &mut self,
+        layer: usize,
+        k: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+    ) -> Result<usize, AttentionError> {
+        let num_layers = self.pool.config().num_layers;
+        if layer >= num_layers {
+            return Err(AttentionError::CacheLayer { layer, num_layers });
+        }
+        let [batch, heads, new, k_dim] = k.dims();
+        let [_, v_heads, _, v_dim] = v.dims();
+        if self.seqs.is_empty() {
+            self.seqs = (0..batch).map(|_| self.pool.add_sequence()).collect();
+        }
+        if batch != self.seqs.len() {
+            return Err(AttentionError::Shape {
+                tensor: "key",
+                actual: k.dims().to_vec(),
+                expected: format!("batch {} (one row per cached sequence)", self.seqs.len()),
+            });
+        }
+        let width = self
+            .seqs
+            .iter()
+            .map(|&seq| self.pool.blocks().layer_len(seq, layer))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(cache_error)?
+            .into_iter()
+            .max()
+            .unwrap_or(0)
+            + new;
+        if self.skip.iter().all(|&s| s == 0) {
+            // Every row stores all its new positions: one write per storage tensor for the whole batch.
+            self.pool
+                .append_rows(&self.seqs, layer, k, v)
+                .map_err(cache_error)?;
+            return Ok(width);
+        }
+        for (row, &seq) in self.seqs.iter().enumerate() {
+            let skip = self.skip.get(row).copied().unwrap_or(0).min(new);
+            if skip == new {
+                continue;
+            }
+            let kept = new - skip;
+            let k_row = k
+                .clone()
+                .slice([row..row + 1, 0..heads, skip..new, 0..k_dim])
+                .reshape([heads, kept, k_dim]);
+            let v_row = v
+                .clone()
+                .slice([row..row + 1, 0..v_heads, skip..new, 0..v_dim])
+                .reshape([v_heads, kept, v_dim]);
+            self.pool
+                .append(seq, layer, k_row, v_row)
+                .map_err(cache_error)?;
+        }
+        Ok(width)
+    }
+}
+
+/// New positions per row up to which an append attends over the pool's blocks in place: a decode step (or a
+/// few tokens), where a gathered copy of every row's keys had cost more than the attention itself. Longer runs
+/// (prompts) take the gathered copy and the flash kernel's gemm.
+const IN_PLACE_QUERIES: usize = 4;
+
 impl<B: EmberBackend> KvCache<B> for PagedKvCache<'_, B> {
     fn num_layers(&self) -> usize {
         self.pool.config().num_layers
@@ -84,56 +153,44 @@ impl<B: EmberBackend> KvCache<B> for PagedKvCache<'_, B> {
         k: Tensor<B, 4>,
         v: Tensor<B, 4>,
     ) -> Result<(Tensor<B, 4>, Tensor<B, 4>), AttentionError> {
-        let num_layers = self.pool.config().num_layers;
-        if layer >= num_layers {
-            return Err(AttentionError::CacheLayer { layer, num_layers });
-        }
-        let [batch, heads, new, k_dim] = k.dims();
-        let [_, v_heads, _, v_dim] = v.dims();
-        if self.seqs.is_empty() {
-            self.seqs = (0..batch).map(|_| self.pool.add_sequence()).collect();
-        }
-        if batch != self.seqs.len() {
-            return Err(AttentionError::Shape {
-                tensor: "key",
-                actual: k.dims().to_vec(),
-                expected: format!("batch {} (one row per cached sequence)", self.seqs.len()),
-            });
-        }
-        // The common position axis after this append: the longest row so far plus the new tokens.
-        let width = self
-            .seqs
-            .iter()
-            .map(|&seq| self.pool.blocks().layer_len(seq, layer))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(cache_error)?
-            .into_iter()
-            .max()
-            .unwrap_or(0)
-            + new;
-        for (row, &seq) in self.seqs.iter().enumerate() {
-            let skip = self.skip.get(row).copied().unwrap_or(0).min(new);
-            if skip == new {
-                continue;
-            }
-            let kept = new - skip;
-            let k_row = k
-                .clone()
-                .slice([row..row + 1, 0..heads, skip..new, 0..k_dim])
-                .reshape([heads, kept, k_dim]);
-            let v_row = v
-                .clone()
-                .slice([row..row + 1, 0..v_heads, skip..new, 0..v_dim])
-                .reshape([v_heads, kept, v_dim]);
-            self.pool
-                .append(seq, layer, k_row, v_row)
-                .map_err(cache_error)?;
-        }
+        let width = self.store(layer, k, v)?;
         let gathered = self
             .pool
             .gather_padded(&self.seqs, layer, width)
             .map_err(cache_error)?;
         Ok((gathered.keys, gathered.values))
+    }
+
+    fn append_attend(
+        &mut self,
+        layer: usize,
+        q: &Tensor<B, 4>,
+        k: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+        options: &AttentionOptions<B>,
+    ) -> Result<Appended<B>, AttentionError> {
+        let new = k.dims()[2];
+        let width = self.store(layer, k, v)?;
+        // Leading padding of this step's tokens is not stored, so the queries would not be each row's last
+        // positions: those steps (batched prompts) take the gathered copy.
+        let unpadded = self.skip.iter().all(|&s| s == 0);
+        if new <= IN_PLACE_QUERIES && unpadded {
+            let attended = self
+                .pool
+                .attend(&self.seqs, layer, q, options)
+                .map_err(cache_error)?;
+            if let Some(out) = attended {
+                return Ok(Appended::Attended(out));
+            }
+        }
+        let gathered = self
+            .pool
+            .gather_padded(&self.seqs, layer, width)
+            .map_err(cache_error)?;
+        Ok(Appended::Keys {
+            keys: gathered.keys,
+            values: gathered.values,
+        })
     }
 
     fn truncate(&mut self, len: usize) {

@@ -3,7 +3,10 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor, TensorData};
 
-use ember_attention::{EmberBackend, select_rows, write_block};
+use ember_attention::{
+    AttentionOptions, EmberBackend, PagedRows, paged_attention, select_rows, write_block,
+    write_rows,
+};
 
 use crate::error::PoolError;
 use crate::paged::blocks::{BlockCopy, BlockManager, PoolStats, SeqId};
@@ -243,21 +246,7 @@ impl<B: EmberBackend> PagedKvPool<B> {
                 ),
             });
         }
-        let (start, copies) = match self.manager.prepare_write(seq, layer, new) {
-            Err(PoolError::OutOfBlocks {
-                needed,
-                free,
-                total,
-                ..
-            }) if total < self.max_blocks => {
-                self.grow((total - free + needed).max(2 * total));
-                self.manager.prepare_write(seq, layer, new)?
-            }
-            other => other?,
-        };
-        for copy in copies {
-            self.copy_block(copy);
-        }
+        let start = self.prepare(seq, layer, new)?;
         // Position-major `[new, heads, dim]` rows, written one block-contiguous run at a time.
         let k = k.swap_dims(0, 1);
         let v = v.swap_dims(0, 1);
@@ -281,6 +270,91 @@ impl<B: EmberBackend> PagedKvPool<B> {
         Ok(())
     }
 
+    /// Appends row `i` of `k: [batch, kv_heads, new, head_dim]` and `v: [batch, kv_heads, new, v_dim]` to
+    /// `layer` of `seqs[i]`, every row the same `new` positions: [`append`](Self::append) for a whole batch,
+    /// with one write per storage tensor (a decode step's keys and values, each row to its own block).
+    ///
+    /// Errors when the shapes are wrong (changing nothing) or the pool runs out of blocks; the rows before the
+    /// one that did not fit are then appended.
+    pub fn append_rows(
+        &mut self,
+        seqs: &[SeqId],
+        layer: usize,
+        k: Tensor<B, 4>,
+        v: Tensor<B, 4>,
+    ) -> Result<(), PoolError> {
+        let [batch, heads, new, k_dim] = k.dims();
+        let expected = [seqs.len(), self.config.kv_heads, new, self.config.v_dim];
+        if [batch, heads, k_dim] != [seqs.len(), self.config.kv_heads, self.config.head_dim]
+            || v.dims() != expected
+            || layer >= self.config.num_layers
+        {
+            return Err(PoolError::BadWrite {
+                seq: seqs.first().map_or(0, |s| s.0),
+                layer,
+                reason: format!(
+                    "keys {:?} / values {:?} do not match [{}, {}, new, {}] / [.., {}] in one of {} layers",
+                    k.dims(),
+                    v.dims(),
+                    seqs.len(),
+                    self.config.kv_heads,
+                    self.config.head_dim,
+                    self.config.v_dim,
+                    self.config.num_layers
+                ),
+            });
+        }
+        let mut slots = Vec::with_capacity(batch * new);
+        let mut failure = None;
+        for &seq in seqs {
+            match self.prepare(seq, layer, new) {
+                Ok(start) => {
+                    for pos in start..start + new {
+                        slots.push(self.manager.slot(seq, pos)?);
+                    }
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        let rows = slots.len();
+        if rows > 0 {
+            // Position-major `[batch * new, heads, dim]`: row `i * new + t` is position `t` of sequence `i`.
+            let flat = |t: Tensor<B, 4>, dim: usize| {
+                t.swap_dims(1, 2)
+                    .reshape([batch * new, heads, dim])
+                    .narrow(0, 0, rows)
+            };
+            let (k, v) = (flat(k, k_dim), flat(v, self.config.v_dim));
+            replace(&mut self.keys[layer], |t| write_rows(t, &slots, k));
+            replace(&mut self.values[layer], |t| write_rows(t, &slots, v));
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// Readies `layer` of `seq` for `new` more positions (growing the storage if it must, copying shared
+    /// blocks first); returns the first new position.
+    fn prepare(&mut self, seq: SeqId, layer: usize, new: usize) -> Result<usize, PoolError> {
+        let (start, copies) = match self.manager.prepare_write(seq, layer, new) {
+            Err(PoolError::OutOfBlocks {
+                needed,
+                free,
+                total,
+                ..
+            }) if total < self.max_blocks => {
+                self.grow((total - free + needed).max(2 * total));
+                self.manager.prepare_write(seq, layer, new)?
+            }
+            other => other?,
+        };
+        for copy in copies {
+            self.copy_block(copy);
+        }
+        Ok(start)
+    }
+
     /// Gathers `layer`'s K/V of `seqs` through their block tables into dense tensors, left-padding
     /// shorter sequences (see [`GatheredKv`]).
     pub fn gather(&self, seqs: &[SeqId], layer: usize) -> Result<GatheredKv<B>, PoolError> {
@@ -296,14 +370,7 @@ impl<B: EmberBackend> PagedKvPool<B> {
         width: usize,
     ) -> Result<GatheredKv<B>, PoolError> {
         if layer >= self.config.num_layers {
-            return Err(PoolError::BadWrite {
-                seq: seqs.first().map_or(0, |s| s.0),
-                layer,
-                reason: format!(
-                    "layer out of range, the pool has {} layers",
-                    self.config.num_layers
-                ),
-            });
+            return Err(self.bad_layer(seqs, layer));
         }
         let lens = seqs
             .iter()
@@ -336,6 +403,62 @@ impl<B: EmberBackend> PagedKvPool<B> {
             values: pick(&self.values[layer], self.config.v_dim),
             padding,
         })
+    }
+
+    /// Attention of `q` `[batch, q_heads, new, head_dim]` over `layer`'s positions of `seqs` (batch row `i` is
+    /// `seqs[i]`, whose last `new` positions are the queries'), reading the blocks in place
+    /// ([`ember_attention::paged_attention`]): `None` where the backend or `options` need the gathered copy
+    /// ([`gather_padded`](Self::gather_padded)) instead.
+    pub fn attend(
+        &self,
+        seqs: &[SeqId],
+        layer: usize,
+        q: &Tensor<B, 4>,
+        options: &AttentionOptions<B>,
+    ) -> Result<Option<Tensor<B, 4>>, PoolError> {
+        let (keys, values) = match (self.keys.get(layer), self.values.get(layer)) {
+            (Some(keys), Some(values)) => (keys, values),
+            _ => return Err(self.bad_layer(seqs, layer)),
+        };
+        let size = self.config.block_size;
+        let mut slots = Vec::with_capacity(seqs.len() * self.config.block_size * 8);
+        let mut offsets = Vec::with_capacity(seqs.len() + 1);
+        offsets.push(0);
+        for &seq in seqs {
+            let len = self.manager.layer_len(seq, layer)?;
+            let table = self.manager.block_table(seq)?;
+            if table.len() * size < len {
+                return Err(PoolError::BadWrite {
+                    seq: seq.0,
+                    layer,
+                    reason: format!("{len} positions but only {} blocks", table.len()),
+                });
+            }
+            let (full, rest) = (len / size, len % size);
+            for &block in &table[..full] {
+                slots.extend(block * size..(block + 1) * size);
+            }
+            if rest > 0 {
+                slots.extend(table[full] * size..table[full] * size + rest);
+            }
+            offsets.push(slots.len());
+        }
+        let rows = PagedRows {
+            slots: &slots,
+            offsets: &offsets,
+        };
+        Ok(paged_attention(q, keys, values, rows, options))
+    }
+
+    fn bad_layer(&self, seqs: &[SeqId], layer: usize) -> PoolError {
+        PoolError::BadWrite {
+            seq: seqs.first().map_or(0, |s| s.0),
+            layer,
+            reason: format!(
+                "layer out of range, the pool has {} layers",
+                self.config.num_layers
+            ),
+        }
     }
 
     /// Grows the storage to `blocks` blocks (capped by the budget), keeping every stored position.

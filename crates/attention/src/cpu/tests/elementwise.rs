@@ -483,3 +483,41 @@ fn select_rows_equals_select_along_the_first_dimension() {
     let rows: Vec<usize> = (0..301).map(|i| (i * 7) % 600).collect();
     check(tensor::<Flex, 3>([600, 3, 64], 13, 1.0), &rows);
 }
+
+/// `write_rows` (burn-flex's in-place copy, and the portable one write per run of consecutive rows) puts row
+/// `i` of the value over row `rows[i]` and leaves every other row as it was: scattered rows, a run, none, and a
+/// shared tensor (the in-place path declines, the portable one copies, the other holder unchanged).
+#[test]
+fn write_rows_replaces_exactly_the_listed_rows() {
+    use crate::backend::portable_write_rows;
+    use crate::write_rows;
+
+    fn expected(mut base: Vec<f32>, row: usize, rows: &[usize], value: &[f32]) -> Vec<f32> {
+        for (i, &r) in rows.iter().enumerate() {
+            base[r * row..(r + 1) * row].copy_from_slice(&value[i * row..(i + 1) * row]);
+        }
+        base
+    }
+    for rows in [&[5, 0, 7][..], &[2, 3, 4, 8], &[]] {
+        let base = tensor::<Flex, 3>([9, 3, 4], 21, 1.0);
+        let value = tensor::<Flex, 3>([rows.len(), 3, 4], 22, 1.0);
+        let want = expected(floats(base.clone()), 12, rows, &floats(value.clone()));
+        // Uniquely owned: written in place.
+        let got = write_rows(base, rows, value.clone());
+        assert_eq!(floats(got), want, "{rows:?}");
+        // Shared: copied, the other holder unchanged.
+        let base = tensor::<Flex, 3>([9, 3, 4], 21, 1.0);
+        let shared = base.clone();
+        let got = write_rows(base, rows, value.clone());
+        assert_eq!(floats(got), want, "{rows:?}");
+        let untouched = tensor::<Flex, 3>([9, 3, 4], 21, 1.0);
+        assert_eq!(floats(shared.clone()), floats(untouched));
+        let portable = portable_write_rows::<Flex>(primitive(shared), rows, primitive(value));
+        assert_eq!(
+            floats(Tensor::<Flex, 3>::from_primitive(TensorPrimitive::Float(
+                portable
+            ))),
+            want
+        );
+    }
+}
