@@ -283,40 +283,86 @@ fn run(plan: &Plan<'_>, channels: Range<usize>) {
 /// left the unpackers as calls).
 #[inline(always)]
 fn run_typed<U: Unpack>(plan: &Plan<'_>, channels: Range<usize>) {
+    for_each_group(plan.rows, |rows, size| match size {
+        1 => run_group::<U, 1>(plan, rows, channels.clone()),
+        2 => run_group::<U, 2>(plan, rows, channels.clone()),
+        3 => run_group::<U, 3>(plan, rows, channels.clone()),
+        _ => run_group::<U, GROUP>(plan, rows, channels.clone()),
+    })
+}
+
+/// Calls `f(rows, size)` for the groups a product's `rows` are split into: whole groups of [`GROUP`], then one
+/// group of the one to three rows left. The rest in one group too: one row at a time had unpacked each block
+/// once per row, so 7 rows cost four passes over the weights and ran slower than 8 (docs/BENCHMARKS.md).
+#[inline(always)]
+fn for_each_group(rows: usize, mut f: impl FnMut(Range<usize>, usize)) {
+    let whole = rows / GROUP * GROUP;
+    if whole > 0 {
+        f(0..whole, GROUP);
+    }
+    if rows > whole {
+        f(whole..rows, rows - whole);
+    }
+}
+
+/// Rows `rows` (whole groups of `R`) of output channels `channels`, on the best instruction set the CPU has.
+/// Each group size is its own function: one function holding every size had grown past LLVM's inlining
+/// budget and left a single row's unpacking as calls (10% off a decode step).
+#[inline(always)]
+fn run_group<U: Unpack, const R: usize>(
+    plan: &Plan<'_>,
+    rows: Range<usize>,
+    channels: Range<usize>,
+) {
     #[cfg(target_arch = "x86_64")]
     if let Some(vnni) = Vnni::detect() {
         // SAFETY: `vnni` proves the CPU has the features `typed_vnni` is compiled with.
-        return unsafe { typed_vnni::<U>(vnni, plan, channels) };
+        return unsafe { typed_vnni::<U, R>(vnni, plan, rows, channels) };
     }
     #[cfg(target_arch = "x86_64")]
     if let Some(vnni) = AvxVnni::detect() {
         // SAFETY: `vnni` proves the CPU has the features `typed_avx_vnni` is compiled with.
-        return unsafe { typed_avx_vnni::<U>(vnni, plan, channels) };
+        return unsafe { typed_avx_vnni::<U, R>(vnni, plan, rows, channels) };
     }
     #[cfg(target_arch = "x86_64")]
     if let Some(avx2) = Avx2::detect() {
         // SAFETY: `avx2` proves the CPU has the features `typed_avx2` is compiled with.
-        return unsafe { typed_avx2::<U>(avx2, plan, channels) };
+        return unsafe { typed_avx2::<U, R>(avx2, plan, rows, channels) };
     }
-    type_channels::<Portable, U>(Portable, plan, channels)
+    type_channels::<Portable, U, R>(Portable, plan, rows, channels)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn typed_vnni<U: Unpack>(vnni: Vnni, plan: &Plan<'_>, channels: Range<usize>) {
-    type_channels::<Vnni, U>(vnni, plan, channels)
+unsafe fn typed_vnni<U: Unpack, const R: usize>(
+    vnni: Vnni,
+    plan: &Plan<'_>,
+    rows: Range<usize>,
+    channels: Range<usize>,
+) {
+    type_channels::<Vnni, U, R>(vnni, plan, rows, channels)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn typed_avx_vnni<U: Unpack>(vnni: AvxVnni, plan: &Plan<'_>, channels: Range<usize>) {
-    type_channels::<AvxVnni, U>(vnni, plan, channels)
+unsafe fn typed_avx_vnni<U: Unpack, const R: usize>(
+    vnni: AvxVnni,
+    plan: &Plan<'_>,
+    rows: Range<usize>,
+    channels: Range<usize>,
+) {
+    type_channels::<AvxVnni, U, R>(vnni, plan, rows, channels)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn typed_avx2<U: Unpack>(avx2: Avx2, plan: &Plan<'_>, channels: Range<usize>) {
-    type_channels::<Avx2, U>(avx2, plan, channels)
+unsafe fn typed_avx2<U: Unpack, const R: usize>(
+    avx2: Avx2,
+    plan: &Plan<'_>,
+    rows: Range<usize>,
+    channels: Range<usize>,
+) {
+    type_channels::<Avx2, U, R>(avx2, plan, rows, channels)
 }
 
 /// Output channels `channels` of `plan` with `dot`, for tests that choose the instruction set.
@@ -324,37 +370,35 @@ unsafe fn typed_avx2<U: Unpack>(avx2: Avx2, plan: &Plan<'_>, channels: Range<usi
 fn channels_with<D: Dot>(dot: D, plan: &Plan<'_>, channels: Range<usize>) {
     with_unpacker!(
         plan.weight.ty(),
-        |U| type_channels::<D, U>(dot, plan, channels),
+        |U| for_each_group(plan.rows, |rows, size| match size {
+            1 => type_channels::<D, U, 1>(dot, plan, rows, channels.clone()),
+            2 => type_channels::<D, U, 2>(dot, plan, rows, channels.clone()),
+            3 => type_channels::<D, U, 3>(dot, plan, rows, channels.clone()),
+            _ => type_channels::<D, U, GROUP>(dot, plan, rows, channels.clone()),
+        }),
         ()
     )
 }
 
+/// Rows `rows` of output channels `channels`, `R` rows sharing each unpacking.
 #[inline(always)]
-fn type_channels<D: Dot, U: Unpack>(dot: D, plan: &Plan<'_>, channels: Range<usize>) {
+fn type_channels<D: Dot, U: Unpack, const R: usize>(
+    dot: D,
+    plan: &Plan<'_>,
+    rows: Range<usize>,
+    channels: Range<usize>,
+) {
     let [out, _] = plan.weight.shape();
     for o in channels {
         let row = plan.weight.row(o);
         let bias = plan.bias.map_or(0.0, |b| b[o]);
-        let write = |first: usize, sums: &[f32]| {
-            for (r, &sum) in (first..).zip(sums) {
+        for first in rows.clone().step_by(R) {
+            let sums = group::<D, U, R>(dot, plan, row, first);
+            for (r, &sum) in (first..).zip(&sums) {
                 // SAFETY: `dst` is `[rows, out]`; `r < rows` and `o < out`, and each channel `o` belongs to
                 // exactly one task, so no two writes touch the same element and nothing reads `dst` meanwhile.
                 unsafe { *plan.dst.get().add(r * out + o) = sum + bias };
             }
-        };
-        let mut first = 0;
-        while first + GROUP <= plan.rows {
-            write(first, &group::<D, U, GROUP>(dot, plan, row, first));
-            first += GROUP;
-        }
-        // The rest in one pass too: one row at a time had unpacked each block once per row, so 7 rows cost
-        // four passes over the weights and ran slower than 8 (docs/BENCHMARKS.md).
-        const { assert!(GROUP == 4, "the arms below cover 1..GROUP rows") };
-        match plan.rows - first {
-            3 => write(first, &group::<D, U, 3>(dot, plan, row, first)),
-            2 => write(first, &group::<D, U, 2>(dot, plan, row, first)),
-            1 => write(first, &group::<D, U, 1>(dot, plan, row, first)),
-            _ => {}
         }
     }
 }
