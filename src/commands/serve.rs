@@ -38,7 +38,8 @@ pub struct Args {
     /// Positions per KV block (the unit of allocation and of prefix reuse).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub block_size: u32,
-    /// Prompt tokens prefilled per step: the most a newcomer delays the running requests by.
+    /// Prompt tokens prefilled per step, the prompts of a step counted as padded to the longest: the most
+    /// newcomers delay the running requests by.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub prefill_chunk: u32,
     /// Finished sequences kept for prefix reuse (0 turns the prefix cache off).

@@ -1,7 +1,7 @@
 //! Decode-shaped linear layers (one token, and four and eight: a batched server's steps; SmolLM2-135M widths) and
 //! prefill-shaped ones (a 128-token prompt): dense f32 matmul against `QuantizedLinear` for each scheme and
 //! `GgmlLinear` for the common ggml block types, on its default integer path (`ggml`: the decode kernel, or on
-//! CPUs with AVX-512 VNNI the integer tiles from 8 rows) and its exact f32 one (`ggml-exact`; random blocks: the
+//! CPUs with AVX-512 VNNI the integer tiles from 5 rows) and its exact f32 one (`ggml-exact`; random blocks: the
 //! kernels' speed does not depend on the values), on the reference CPU backend.
 //!
 //! Run: `cargo bench -p ember-optimization --bench quantized_linear`

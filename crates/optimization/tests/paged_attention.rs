@@ -481,3 +481,60 @@ fn the_cache_view_attends_in_place_only_on_unpadded_steps() {
         "soft-capped scores gather"
     );
 }
+
+/// A batch append writes every row's new positions where the per-row appends would, reports wrong shapes without
+/// touching the pool, and when the pool runs out appends the rows before the one that did not fit.
+#[test]
+fn a_batch_append_equals_per_row_appends_and_reports_what_did_not_fit() {
+    let device = Default::default();
+    let (k, v) = (
+        random([3, KV_HEADS, 2, HEAD_DIM]),
+        random([3, KV_HEADS, 2, HEAD_DIM]),
+    );
+    let mut batched = PagedKvPool::<B>::new(config(16), &device).unwrap();
+    let mut one_by_one = PagedKvPool::<B>::new(config(16), &device).unwrap();
+    let seqs: Vec<_> = (0..3).map(|_| batched.add_sequence()).collect();
+    let same: Vec<_> = (0..3).map(|_| one_by_one.add_sequence()).collect();
+    // One position in each, then two more that continue its block.
+    for step in [
+        (k.clone().narrow(2, 0, 1), v.clone().narrow(2, 0, 1)),
+        (k.clone(), v.clone()),
+    ] {
+        batched
+            .append_rows(&seqs, 1, step.0.clone(), step.1.clone())
+            .unwrap();
+        for (row, &seq) in same.iter().enumerate() {
+            let pick = |t: &Tensor<B, 4>| t.clone().narrow(0, row, 1).squeeze_dim::<3>(0);
+            one_by_one
+                .append(seq, 1, pick(&step.0), pick(&step.1))
+                .unwrap();
+        }
+    }
+    let (a, b) = (
+        batched.gather(&seqs, 1).unwrap(),
+        one_by_one.gather(&same, 1).unwrap(),
+    );
+    assert_eq!(values(a.keys), values(b.keys));
+    assert_eq!(values(a.values), values(b.values));
+
+    let wrong = random([2, KV_HEADS, 1, HEAD_DIM]);
+    let err = batched
+        .append_rows(&seqs, 1, wrong.clone(), wrong)
+        .unwrap_err();
+    assert!(matches!(err, PoolError::BadWrite { .. }), "{err:?}");
+    assert_eq!(
+        batched.seq_len(seqs[0]).unwrap(),
+        3,
+        "a refused write changes nothing"
+    );
+
+    // Two blocks in all: two sequences fit one block each, the third finds none.
+    let mut small = PagedKvPool::<B>::new(config(2), &device).unwrap();
+    let seqs: Vec<_> = (0..3).map(|_| small.add_sequence()).collect();
+    let err = small
+        .append_rows(&seqs, 0, k.clone(), v.clone())
+        .unwrap_err();
+    assert!(matches!(err, PoolError::OutOfBlocks { .. }), "{err:?}");
+    let lens: Vec<usize> = seqs.iter().map(|&s| small.seq_len(s).unwrap()).collect();
+    assert_eq!(lens, [2, 2, 0]);
+}

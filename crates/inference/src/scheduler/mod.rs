@@ -32,8 +32,8 @@ pub use request::{Completion, Request, RequestSink, TokenLogprob};
 pub struct SchedulerConfig {
     /// Requests running at once (prefilling or decoding); the rest wait in submission order.
     pub max_batch: usize,
-    /// Prompt tokens run per step, across the requests being prefilled: the most a newcomer delays the running
-    /// batch by.
+    /// Prompt tokens run per step, across the requests being prefilled (shorter chunks counted as padded to the
+    /// step's longest): the most newcomers delay the running batch by.
     pub prefill_chunk: usize,
     /// Positions per KV block.
     pub block_size: usize,
