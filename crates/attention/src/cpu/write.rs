@@ -29,12 +29,7 @@ pub(crate) fn write_block(
             .iter()
             .enumerate()
             .all(|(d, r)| r.start <= r.end && r.end <= shape[d] && r.len() == value_shape[d]);
-    if !fits
-        || dst.dtype() != DType::F32
-        || value.dtype() != DType::F32
-        || !dst.layout().is_contiguous()
-        || dst.layout().start_offset() != 0
-    {
+    if !fits || !writable_in_place(dst, value) {
         return false;
     }
     if ranges.iter().any(|r| r.is_empty()) {
@@ -81,12 +76,7 @@ pub(crate) fn write_rows(dst: &mut FlexTensor, rows: &[usize], value: &FlexTenso
         && value_shape[0] == rows.len()
         && (1..shape.num_dims()).all(|d| value_shape[d] == shape[d])
         && rows.iter().all(|&r| r < shape[0]);
-    if !fits
-        || dst.dtype() != DType::F32
-        || value.dtype() != DType::F32
-        || !dst.layout().is_contiguous()
-        || dst.layout().start_offset() != 0
-    {
+    if !fits || !writable_in_place(dst, value) {
         return false;
     }
     let value = value.to_contiguous();
@@ -99,6 +89,15 @@ pub(crate) fn write_rows(dst: &mut FlexTensor, rows: &[usize], value: &FlexTenso
         dst[r * row..(r + 1) * row].copy_from_slice(piece);
     }
     true
+}
+
+/// Whether `dst` is an f32 tensor laid out as its whole buffer (contiguous from offset 0) and `value` f32: what
+/// the in-place writes need besides `dst`'s buffer being uniquely owned, which taking it mutably checks.
+fn writable_in_place(dst: &FlexTensor, value: &FlexTensor) -> bool {
+    dst.dtype() == DType::F32
+        && value.dtype() == DType::F32
+        && dst.layout().is_contiguous()
+        && dst.layout().start_offset() == 0
 }
 
 /// Rows `rows` of `tensor` (along its first dimension) as a new contiguous tensor, each copied once into an
