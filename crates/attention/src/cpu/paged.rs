@@ -1,5 +1,5 @@
-//! [`crate::paged_attention`] on burn-flex: one task per batch row (or, with few rows, per row and KV head),
-//! whose query heads read each key and value row once, straight from the pool's storage.
+//! [`crate::paged_attention`] on burn-flex: one task per batch row (or, with fewer rows than twice the threads,
+//! per row and query head), reading key and value rows straight from the pool's storage.
 //!
 //! Per query, the arithmetic is the flash kernel's for a few rows ([`super::strided_gemm`]'s plain loops) in the
 //! same order: scores `scale * (q · k)` in eight lanes, `exp(s - max)` summed in eight lanes, the weighted

@@ -58,6 +58,11 @@ impl<B: Backend> PagedKvCache<'_, B> {
 }
 
 impl<B: EmberBackend> PagedKvCache<'_, B> {
+    /// Whether every row stores all of a step's new positions (no leading padding to drop).
+    fn unpadded(&self) -> bool {
+        self.skip.iter().all(|&s| s == 0)
+    }
+
     /// Writes each row's new keys and values (its leading padding dropped) into `layer`; returns the width of
     /// the common position axis after the append (the longest row so far plus the new tokens).
     fn store(
@@ -92,7 +97,7 @@ impl<B: EmberBackend> PagedKvCache<'_, B> {
             .max()
             .unwrap_or(0)
             + new;
-        if self.skip.iter().all(|&s| s == 0) {
+        if self.unpadded() {
             // Every row stores all its new positions: one write per storage tensor for the whole batch.
             self.pool
                 .append_rows(&self.seqs, layer, k, v)
@@ -173,8 +178,7 @@ impl<B: EmberBackend> KvCache<B> for PagedKvCache<'_, B> {
         let width = self.store(layer, k, v)?;
         // Leading padding of this step's tokens is not stored, so the queries would not be each row's last
         // positions: those steps (batched prompts) take the gathered copy.
-        let unpadded = self.skip.iter().all(|&s| s == 0);
-        if new <= IN_PLACE_QUERIES && unpadded {
+        if new <= IN_PLACE_QUERIES && self.unpadded() {
             let attended = self
                 .pool
                 .attend(&self.seqs, layer, q, options)

@@ -381,9 +381,7 @@ impl<B: EmberBackend> PagedKvPool<B> {
         for (&seq, &len) in seqs.iter().zip(&lens) {
             // Padding reads slot 0 (always allocated storage); the mask hides it.
             slots.extend(std::iter::repeat_n(0, max_len - len));
-            for pos in 0..len {
-                slots.push(self.manager.slot(seq, pos)?);
-            }
+            self.push_slots(seq, layer, len, &mut slots)?;
         }
         let [batch, heads] = [seqs.len(), self.config.kv_heads];
         let pick = |storage: &Tensor<B, 3>, dim: usize| {
@@ -420,27 +418,12 @@ impl<B: EmberBackend> PagedKvPool<B> {
             (Some(keys), Some(values)) => (keys, values),
             _ => return Err(self.bad_layer(seqs, layer)),
         };
-        let size = self.config.block_size;
-        let mut slots = Vec::with_capacity(seqs.len() * self.config.block_size * 8);
+        let mut slots = Vec::new();
         let mut offsets = Vec::with_capacity(seqs.len() + 1);
         offsets.push(0);
         for &seq in seqs {
             let len = self.manager.layer_len(seq, layer)?;
-            let table = self.manager.block_table(seq)?;
-            if table.len() * size < len {
-                return Err(PoolError::BadWrite {
-                    seq: seq.0,
-                    layer,
-                    reason: format!("{len} positions but only {} blocks", table.len()),
-                });
-            }
-            let (full, rest) = (len / size, len % size);
-            for &block in &table[..full] {
-                slots.extend(block * size..(block + 1) * size);
-            }
-            if rest > 0 {
-                slots.extend(table[full] * size..table[full] * size + rest);
-            }
+            self.push_slots(seq, layer, len, &mut slots)?;
             offsets.push(slots.len());
         }
         let rows = PagedRows {
@@ -448,6 +431,33 @@ impl<B: EmberBackend> PagedKvPool<B> {
             offsets: &offsets,
         };
         Ok(paged_attention(q, keys, values, rows, options))
+    }
+
+    /// Appends the storage slots of `seq`'s first `len` positions to `slots`, a block-contiguous run at a time.
+    fn push_slots(
+        &self,
+        seq: SeqId,
+        layer: usize,
+        len: usize,
+        slots: &mut Vec<usize>,
+    ) -> Result<(), PoolError> {
+        let size = self.config.block_size;
+        let table = self.manager.block_table(seq)?;
+        if table.len() * size < len {
+            return Err(PoolError::BadWrite {
+                seq: seq.0,
+                layer,
+                reason: format!("{len} positions but only {} blocks", table.len()),
+            });
+        }
+        let (full, rest) = (len / size, len % size);
+        for &block in &table[..full] {
+            slots.extend(block * size..(block + 1) * size);
+        }
+        if rest > 0 {
+            slots.extend(table[full] * size..table[full] * size + rest);
+        }
+        Ok(())
     }
 
     fn bad_layer(&self, seqs: &[SeqId], layer: usize) -> PoolError {
