@@ -152,6 +152,19 @@ pub trait EmberBackend: Backend {
         None
     }
 
+    /// [`ggml_dense`](Self::ggml_dense) of several weights `[out_i, in]` (each with its bias) with one input,
+    /// one result each, or `None` where the backend has no fused kernel for these inputs: the caller then runs
+    /// `ggml_dense` per weight. burn-flex fuses a layer's query, key and value projections (and an MLP's gate and
+    /// up) where the CPU has the integer tiles: the input is quantized once and all the products' channels are
+    /// split across the threads in one hand-off. The default declines.
+    fn ggml_dense_many(
+        x: FloatTensor<Self>,
+        weights: &[(GgmlMatrix<'_>, Option<FloatTensor<Self>>)],
+    ) -> Option<Vec<FloatTensor<Self>>> {
+        let _ = (x, weights);
+        None
+    }
+
     /// Attention output `[batch, q_heads, q_len, v_dim]`, differentiable on autodiff backends.
     fn flash_attention(
         q: FloatTensor<Self>,

@@ -104,6 +104,14 @@ impl EmberBackend for Flex {
         crate::cpu::ggml_dense(&x, weight, bias.as_ref())
     }
 
+    fn ggml_dense_many(
+        x: FloatTensor<Self>,
+        weights: &[(GgmlMatrix<'_>, Option<FloatTensor<Self>>)],
+    ) -> Option<Vec<FloatTensor<Self>>> {
+        let weights: Vec<_> = weights.iter().map(|(w, b)| (*w, b.as_ref())).collect();
+        crate::cpu::ggml_dense_many(&x, &weights)
+    }
+
     fn flash_attention_forward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,

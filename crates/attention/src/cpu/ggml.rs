@@ -59,11 +59,83 @@ pub(crate) fn ggml_dense(
     Some(result)
 }
 
+/// [`ggml_dense`] of several weights with one input (a layer's query, key and value projections), `None`
+/// unless the integer tiles take them all ([`super::int_gemm::many_rows_fused`]: AVX-512 VNNI, at least
+/// [`INTEGER_TILE_ROWS`] rows, the default products); the caller then runs [`ggml_dense`] per weight.
+pub(crate) fn ggml_dense_many(
+    x: &FlexTensor,
+    weights: &[(GgmlMatrix<'_>, Option<&FlexTensor>)],
+) -> Option<Vec<FlexTensor>> {
+    let xs = x.layout().shape();
+    let [_, cols] = weights.first()?.0.shape();
+    if xs.num_dims() != 2
+        || xs[1] != cols
+        || xs[0] < INTEGER_TILE_ROWS
+        || super::exact_ggml_products()
+    {
+        return None;
+    }
+    let rows = xs[0];
+    let x = f32_slice(x)?;
+    let mut biases = Vec::with_capacity(weights.len());
+    for (weight, bias) in weights {
+        let [out, c] = weight.shape();
+        if c != cols {
+            return None;
+        }
+        biases.push(match bias {
+            Some(b) if b.layout().shape().num_elements() != out => return None,
+            Some(b) => Some(f32_slice(b)?),
+            None => None,
+        });
+    }
+    let mut results: Vec<FlexTensor> = weights
+        .iter()
+        .map(|(w, _)| zeroed(Shape::from(vec![rows, w.shape()[0]])))
+        .collect();
+    let fused = fused_products(x, rows, weights, &biases, &mut results);
+    fused.then_some(results)
+}
+
+/// The integer tiles of [`ggml_dense_many`] into `results`; whether they ran (nothing is written otherwise).
+fn fused_products(
+    x: &[f32],
+    rows: usize,
+    weights: &[(GgmlMatrix<'_>, Option<&FlexTensor>)],
+    biases: &[Option<&[f32]>],
+    results: &mut [FlexTensor],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut products: Vec<super::int_gemm::Product<'_>> = weights
+            .iter()
+            .zip(biases)
+            .zip(results.iter_mut())
+            .map(|(((weight, _), &bias), result)| {
+                let out = weight.shape()[0];
+                super::int_gemm::Product {
+                    weight: *weight,
+                    bias,
+                    dst: &mut result.storage_mut::<f32>()[..rows * out],
+                }
+            })
+            .collect();
+        super::int_gemm::many_rows_fused(x, rows, &mut products)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (x, rows, weights, biases, results);
+        false
+    }
+}
+
 /// Rows from which the integer tiles ([`super::int_gemm`], where the CPU has AVX-512 VNNI) beat the decode
-/// kernel, measured on batched decode steps of SmolLM2 at 2 threads (`ember bench --batch B`, docs/BENCHMARKS.md):
-/// at 5 rows Q4_1 +10%, Q4_K_M +18%, Q8_0 even; at 6-7 rows +8-43%; at 4 rows and fewer the decode kernel wins
-/// (Q4_K_M and Q8_0 by 10-30%), each weight block's unpacking serving too few rows.
-const INTEGER_TILE_ROWS: usize = 5;
+/// kernel, measured on batched decode steps of SmolLM2 at 2 threads (`ember bench --batch B`, docs/BENCHMARKS.md).
+/// Since the tiles take every weight type on the unsigned side of `vpdpbusd` (no per-chunk sums of the signed
+/// types) and keep two chains of sums, they win from 3 rows (step time at 4 rows: Q4_1 -26%, Q4_K_M -21%,
+/// Q8_0 -15%, Q6_K -12%; at 3 rows Q4_1 -19%, Q4_K_M -14%, Q8_0 and Q6_K even); at 2 rows the decode kernel
+/// wins by 10-20%, each weight block's unpacking serving too few rows.
+const INTEGER_TILE_ROWS: usize = 3;
 
 /// The integer prompt path where the CPU has it ([`super::int_gemm`]); `false` (nothing written) elsewhere.
 fn integer_many_rows(

@@ -4,14 +4,16 @@
 
 use crate::ggml::unpack::CHUNK_LEN;
 
-/// 32 activations `x[i] ≈ d * q[i]`, and `sums[h] = d * Σ q` over each 16-element half: the factor a weight
-/// chunk's per-half minimum multiplies.
+/// 32 activations `x[i] ≈ d * q[i]`, `qsums[h] = Σ q` over each 16-element half, and `sums[h] = d * qsums[h]`:
+/// the factor a weight chunk's per-half minimum multiplies (the integer one, the offset an integer weight
+/// carries).
 #[derive(Clone, Copy, Debug, Default)]
 #[repr(C, align(32))]
 pub(super) struct Q8Chunk {
     pub(super) q: [i8; CHUNK_LEN],
     pub(super) d: f32,
     pub(super) sums: [f32; 2],
+    pub(super) qsums: [i32; 2],
 }
 
 /// Quantizes each 32 consecutive values of `x` into `out` (one chunk each): `d = max |x| / 127` and
@@ -28,9 +30,10 @@ pub(super) fn quantize(x: &[f32], out: &mut [Q8Chunk]) {
             *q = (v * inverse).round_ties_even().clamp(-127.0, 127.0) as i8;
         }
         let (low, high) = chunk.q.split_at(CHUNK_LEN / 2);
-        let sum = |q: &[i8]| q.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
+        let sum = |q: &[i8]| q.iter().map(|&q| i32::from(q)).sum::<i32>();
         chunk.d = d;
-        chunk.sums = [d * sum(low), d * sum(high)];
+        chunk.qsums = [sum(low), sum(high)];
+        chunk.sums = chunk.qsums.map(|s| d * s as f32);
     }
 }
 
@@ -81,10 +84,11 @@ pub(super) fn quantize_chunk(_: super::int_dot::Avx2, x: &[f32]) -> Q8Chunk {
             let s = _mm256_add_epi32(a, b);
             let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
             let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-            _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s))) as f32
+            _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)))
         };
         chunk.d = d;
-        chunk.sums = [d * half(q[0], q[1]), d * half(q[2], q[3])];
+        chunk.qsums = [half(q[0], q[1]), half(q[2], q[3])];
+        chunk.sums = chunk.qsums.map(|s| d * s as f32);
         chunk
     }
 }

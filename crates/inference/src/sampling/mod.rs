@@ -219,6 +219,36 @@ impl Sampler {
 
 /// Index of the largest logit (the first on ties), or `None` for an empty slice.
 pub fn argmax(logits: &[f32]) -> Option<usize> {
+    // The maximum in independent lanes (which the compiler vectorises), then the first index holding it: a
+    // server takes the argmax of every row of every greedy step over a vocabulary-sized row, and the one-pass
+    // fold below, a compare and branch per logit, had been 3% of a batch-8 SmolLM2 step, serial.
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut nan = false;
+    let chunks = logits.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (lane, &l) in lanes.iter_mut().zip(chunk) {
+            nan |= l.is_nan();
+            *lane = if l > *lane { l } else { *lane };
+        }
+    }
+    for &l in tail {
+        nan |= l.is_nan();
+        lanes[0] = if l > lanes[0] { l } else { lanes[0] };
+    }
+    if nan {
+        return argmax_fold(logits);
+    }
+    let max = lanes
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
+    logits.iter().position(|&l| l == max)
+}
+
+/// [`argmax`] in one pass, for logits with NaNs: a NaN takes the lead and the next logit takes it back, the
+/// order the sampler's callers have always seen.
+fn argmax_fold(logits: &[f32]) -> Option<usize> {
     logits
         .iter()
         .enumerate()

@@ -323,3 +323,37 @@ fn the_edges_of_every_range_are_accepted() {
     assert_eq!(SamplingConfig::default().validate(), Ok(()));
     assert_eq!(SamplingConfig::greedy().validate(), Ok(()));
 }
+
+#[test]
+fn the_lane_argmax_picks_what_the_one_pass_fold_picks() {
+    use super::{argmax, argmax_fold};
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let mut cases: Vec<Vec<f32>> = vec![
+        vec![],
+        vec![f32::NEG_INFINITY; 37],
+        vec![1.0; 50],
+        vec![f32::NAN, 1.0, 2.0],
+        vec![1.0, f32::NAN],
+        vec![0.5, f32::INFINITY, 3.0, f32::INFINITY],
+    ];
+    for len in [1, 15, 16, 17, 100, 49152] {
+        // Few distinct values, so the maximum is tied across lanes and in the tail.
+        let row: Vec<f32> = (0..len).map(|_| rng.random_range(0..6) as f32).collect();
+        cases.push(row);
+        let row: Vec<f32> = (0..len)
+            .map(|_| rng.random::<f32>() * 20.0 - 10.0)
+            .collect();
+        cases.push(row);
+    }
+    let mut late = vec![0.0; 1000];
+    late[999] = 1.0;
+    cases.push(late);
+    for (k, logits) in cases.iter().enumerate() {
+        assert_eq!(
+            argmax(logits),
+            argmax_fold(logits),
+            "case {k}: {:?}",
+            &logits[..logits.len().min(8)]
+        );
+    }
+}

@@ -67,9 +67,10 @@ impl<B: EmberBackend> SelfAttention<B> {
         let [batch, seq, _] = x.dims();
         let heads =
             |t: Tensor<B, 3>, n: usize| t.reshape([batch, seq, n, self.head_dim]).swap_dims(1, 2);
-        let mut q = heads(self.q.forward(x.clone()), self.num_heads);
-        let mut k = heads(self.k.forward(x.clone()), self.num_kv_heads);
-        let v = heads(self.v.forward(x), self.num_kv_heads);
+        let [q, k, v] = Linear::forward_fused([&self.q, &self.k, &self.v], x);
+        let mut q = heads(q, self.num_heads);
+        let mut k = heads(k, self.num_kv_heads);
+        let v = heads(v, self.num_kv_heads);
         if let (Some(q_norm), Some(k_norm)) = (&self.q_norm, &self.k_norm) {
             q = q_norm.forward(q);
             k = k_norm.forward(k);

@@ -93,6 +93,29 @@ impl<B: EmberBackend> Linear<B> {
             Linear::Ggml(ggml) => ggml.forward(x),
         }
     }
+
+    /// Applies each of `N` layers to the same `x` (a layer's query, key and value projections): in one fused
+    /// product where all of them keep ggml blocks and the backend fuses them ([`GgmlLinear::forward_many`]),
+    /// else one [`forward`](Self::forward) each. The results are the same either way, up to the order of f32
+    /// sums within a product.
+    pub fn forward_fused<const N: usize, const D: usize>(
+        layers: [&Self; N],
+        x: Tensor<B, D>,
+    ) -> [Tensor<B, D>; N] {
+        let ggml: Option<Vec<&GgmlLinear<B>>> = layers
+            .iter()
+            .map(|l| match l {
+                Linear::Ggml(ggml) => Some(ggml),
+                _ => None,
+            })
+            .collect();
+        if let Some(fused) = ggml.and_then(|g| GgmlLinear::forward_many(&g, x.clone()))
+            && let Ok(fused) = <[Tensor<B, D>; N]>::try_from(fused)
+        {
+            return fused;
+        }
+        layers.map(|l| l.forward(x.clone()))
+    }
 }
 
 impl<B: Backend> Linear<B> {

@@ -168,4 +168,35 @@ impl<B: EmberBackend> GgmlLinear<B> {
         out_dims[D - 1] = out_features;
         y.reshape(out_dims)
     }
+
+    /// Applies each of `layers` to the same `x: [..., in_features]`, as [`forward`](Self::forward) does one at a
+    /// time, through the backend's fused [`EmberBackend::ggml_dense_many`] (one quantization of `x`, one
+    /// hand-off to the threads), or `None` where the backend declines: the caller then runs them one by one.
+    pub fn forward_many<const D: usize>(
+        layers: &[&Self],
+        x: Tensor<B, D>,
+    ) -> Option<Vec<Tensor<B, D>>> {
+        let dims = x.dims();
+        let [_, in_features] = layers.first()?.weight.shape();
+        let rows = dims[..D - 1].iter().product::<usize>();
+        let x = x.reshape([rows, in_features]);
+        let weights: Vec<_> = layers
+            .iter()
+            .map(|l| {
+                let bias = l.bias.clone().map(|b| b.into_primitive().tensor());
+                (l.weight.matrix(), bias)
+            })
+            .collect();
+        let ys = B::ggml_dense_many(x.into_primitive().tensor(), &weights)?;
+        let ys = layers
+            .iter()
+            .zip(ys)
+            .map(|(layer, y)| {
+                let mut out_dims = dims;
+                out_dims[D - 1] = layer.weight.shape()[0];
+                Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(y)).reshape(out_dims)
+            })
+            .collect();
+        Some(ys)
+    }
 }

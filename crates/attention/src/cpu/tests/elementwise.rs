@@ -3,7 +3,8 @@
 use super::*;
 
 // Shapes below and above `PARALLEL_MIN` (32,768 elements).
-const SWIGLU_SHAPES: [[usize; 3]; 2] = [[1, 3, 100], [2, 64, 1536]];
+// The middle two (a batch-8 decode step's, and an uneven split) run on the spinning workers, the last on rayon.
+const SWIGLU_SHAPES: [[usize; 3]; 4] = [[1, 3, 100], [1, 8, 1536], [1, 7, 1531], [2, 64, 1536]];
 
 /// Our `exp` is within 2 ulp and libm's within 1, so sigmoid, and the products after it, differ by a few ulp:
 /// 1e-6 relative (8 ulp), with a 1e-30 floor for outputs that are exactly 0 on both sides.
@@ -325,7 +326,8 @@ fn rms_norm_f64(x: &[f32], w: &[f32], eps: f64) -> Vec<f64> {
 
 // Shapes below and above `PARALLEL_MIN` (the larger one splits its rows, and the weight gradient's sums,
 // across tasks).
-const NORM_SHAPES: [[usize; 3]; 2] = [[3, 7, 100], [2, 64, 576]];
+// The middle one is split across the spinning workers in whole rows (nine and eight).
+const NORM_SHAPES: [[usize; 3]; 3] = [[3, 7, 100], [1, 17, 576], [2, 64, 576]];
 
 /// The RMSNorm kernel and the portable ops against f64: a mean of <= 576 f32 squares and a few roundings after
 /// it, so 1e-5 relative (floor 1e-3 for outputs near 0).

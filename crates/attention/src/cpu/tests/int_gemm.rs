@@ -22,10 +22,11 @@ fn vnni_or_skip() -> bool {
     has
 }
 
-// 3 and 8: one paired block (eight rows, two lanes each), partial and full; 17: one full row block and one of a
-// single row; 40: a tile of two blocks and a tile of one (partial); 64: two full tiles. SHAPE's 130 channels
-// leave a tile of two channels after 32 of four.
-const ROWS: [usize; 5] = [3, 8, 17, 40, 64];
+// 3 and 8: one paired block (eight rows, two lanes each), partial and full; 12: one unpaired block (a single
+// block's chunks are packed across threads); 17: one full row block and one of a single row; 40: a tile of two
+// blocks and a tile of one (partial); 64: two full tiles. SHAPE's 130 channels leave a tile of two channels
+// after 32 of four.
+const ROWS: [usize; 6] = [3, 8, 12, 17, 40, 64];
 
 #[test]
 fn on_grid_activations_make_the_integer_prompt_path_exact_up_to_f32_rounding() {
@@ -121,6 +122,7 @@ fn the_avx2_chunk_quantizer_makes_the_portable_ones_chunks_bit_for_bit() {
         assert_eq!(got.d.to_bits(), want.d.to_bits(), "chunk {c}: scale");
         let bits = |s: [f32; 2]| s.map(|s| if s.is_nan() { u32::MAX } else { s.to_bits() });
         assert_eq!(bits(got.sums), bits(want.sums), "chunk {c}: half sums");
+        assert_eq!(got.qsums, want.qsums, "chunk {c}: integer half sums");
     }
 
     /// `quantize_chunk` compiled with the features it assumes.
@@ -132,4 +134,74 @@ fn the_avx2_chunk_quantizer_makes_the_portable_ones_chunks_bit_for_bit() {
         // SAFETY: `avx2` proves the features.
         unsafe { run(avx2, values) }
     }
+}
+
+#[test]
+fn fused_products_equal_one_product_per_weight_bit_for_bit() {
+    use burn::backend::Flex;
+
+    use super::{floats, from_primitive, primitive, tensor};
+    use crate::EmberBackend;
+    if !vnni_or_skip() {
+        return;
+    }
+    // A layer's query, key and value (or a K-quant file's mix of types), biased and not. Each channel's sums
+    // are the same operations in the same order whichever thread and hand-off run them, so the fused results
+    // must equal the separate ones exactly.
+    let cols = 512;
+    let specs = [
+        (GgmlType::Q4_K, 96, true),
+        (GgmlType::Q6_K, 32, false),
+        (GgmlType::Q8_0, 37, true),
+    ];
+    let blocks: Vec<Vec<u8>> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, &(ty, out, _))| random_blocks(ty, [out, cols], 900 + i as u64))
+        .collect();
+    let weights: Vec<GgmlMatrix<'_>> = specs
+        .iter()
+        .zip(&blocks)
+        .map(|(&(ty, out, _), b)| GgmlMatrix::new(ty, [out, cols], b).unwrap())
+        .collect();
+    for rows in [3, 8, 12, 40] {
+        let x = tensor::<Flex, 2>([rows, cols], 60 + rows as u64, 2.0);
+        let biases: Vec<_> = specs
+            .iter()
+            .enumerate()
+            .map(|(i, &(_, out, biased))| {
+                biased.then(|| primitive(tensor::<Flex, 1>([out], 70 + i as u64, 1.0)))
+            })
+            .collect();
+        let fused_in: Vec<_> = weights
+            .iter()
+            .copied()
+            .zip(biases.iter().cloned())
+            .collect();
+        let fused = Flex::ggml_dense_many(primitive(x.clone()), &fused_in)
+            .expect("the integer tiles take 3+ rows of block-quantized weights");
+        assert_eq!(fused.len(), weights.len());
+        for (k, (fused, (weight, bias))) in fused.into_iter().zip(fused_in).enumerate() {
+            let alone = Flex::ggml_dense(primitive(x.clone()), weight, bias).unwrap();
+            let (fused, alone) = (
+                floats(from_primitive::<Flex, 2>(fused)),
+                floats(from_primitive::<Flex, 2>(alone)),
+            );
+            assert_eq!(fused.len(), rows * specs[k].1);
+            let same = fused
+                .iter()
+                .zip(&alone)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "rows={rows} weight {k}: fused and separate products differ"
+            );
+        }
+    }
+    // Too few rows for the tiles (the decode kernel's), or widths that do not match: the caller's loop.
+    let x = tensor::<Flex, 2>([2, cols], 80, 1.0);
+    let pairs: Vec<_> = weights.iter().map(|&w| (w, None)).collect();
+    assert!(Flex::ggml_dense_many(primitive(x), &pairs).is_none());
+    let narrow = tensor::<Flex, 2>([8, 256], 81, 1.0);
+    assert!(Flex::ggml_dense_many(primitive(narrow), &pairs).is_none());
 }

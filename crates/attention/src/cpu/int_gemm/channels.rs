@@ -1,0 +1,83 @@
+//! A tile's output channels unpacked as it multiplies them: chunks of small integers on the unsigned side of
+//! `vpdpbusd`.
+
+use super::super::int_dot::{Avx2, Vnni, prefetch_ahead};
+use super::{TILE_CHANNELS, offset};
+use crate::ggml::GgmlMatrix;
+use crate::ggml::unpack::{CHUNK_LEN, IntChunk, Unpack};
+
+/// One chunk of one output channel as the tile multiplies it: unsigned integers, and the map per half.
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C, align(64))]
+pub(super) struct ChannelChunk {
+    pub(super) q: [u8; CHUNK_LEN],
+    pub(super) scale: [f32; 2],
+    pub(super) min: [f32; 2],
+}
+
+/// [`unpack_channels`] compiled for AVX2 and F16C: the scales widened by `vcvtph2ps`, the preparation's byte
+/// loops vectorised. Once per channel and product, it had cost as much as the products of 64 rows in SSE2.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn unpack_avx2<U: Unpack>(
+    vnni: Vnni,
+    weight: GgmlMatrix<'_>,
+    channels: std::ops::Range<usize>,
+    out: &mut Vec<ChannelChunk>,
+) {
+    unpack_channels::<U>(vnni.0, weight, channels, out)
+}
+
+/// Unpacks output channels `channels` of `weight` into `out` (`cols / 32` chunks each).
+#[inline(always)]
+fn unpack_channels<U: Unpack>(
+    avx2: Avx2,
+    weight: GgmlMatrix<'_>,
+    channels: std::ops::Range<usize>,
+    out: &mut Vec<ChannelChunk>,
+) {
+    let [_, cols] = weight.shape();
+    let per_row = cols / CHUNK_LEN;
+    out.resize(channels.len() * per_row, ChannelChunk::default());
+    // The most chunks a block holds: a K-quant super-block's eight.
+    let mut chunks = [IntChunk::default(); 8];
+    for (o, dst) in channels.zip(out.chunks_exact_mut(per_row)) {
+        let row = weight.row(o);
+        // The next tile's channels, while this one's are unpacked and multiplied: with few rows (a decode
+        // batch) unpacking is where the weights stream in from memory, and it had waited on its loads.
+        prefetch_ahead(row, TILE_CHANNELS * row.len());
+        for (block, dst) in row
+            .chunks_exact(U::BLOCK_BYTES)
+            .zip(dst.chunks_exact_mut(U::CHUNKS))
+        {
+            U::unpack(avx2, block, &mut chunks[..U::CHUNKS]);
+            for (chunk, dst) in chunks.iter().zip(dst) {
+                *dst = prepared::<U>(avx2, chunk);
+            }
+        }
+    }
+}
+
+/// `chunk` as the tile multiplies it: unsigned integers (the signed types shifted by 128); the minimum where
+/// it is a float of its own, else zero ([`offset`] stands for it).
+#[inline(always)]
+fn prepared<U: Unpack>(_: Avx2, chunk: &IntChunk) -> ChannelChunk {
+    use std::arch::x86_64::*;
+    let mut prepared = ChannelChunk {
+        q: chunk.q,
+        scale: chunk.scale,
+        min: if offset::<U>() == 0 {
+            chunk.min
+        } else {
+            [0.0; 2]
+        },
+    };
+    if U::SIGNED {
+        // SAFETY: the `Avx2` token proves the features; the load and store are of the 32 bytes of `q`.
+        unsafe {
+            let q = _mm256_loadu_si256(chunk.q.as_ptr().cast());
+            let q = _mm256_xor_si256(q, _mm256_set1_epi8(i8::MIN));
+            _mm256_storeu_si256(prepared.q.as_mut_ptr().cast(), q);
+        }
+    }
+    prepared
+}
