@@ -75,20 +75,17 @@ pub(crate) fn ggml_dense_many(
     {
         return None;
     }
+    // Checked before the outputs are allocated: without the tiles (AVX2 CPUs) every call declines.
+    if !integer_tiles_available() {
+        return None;
+    }
     let rows = xs[0];
     let x = f32_slice(x)?;
-    let mut biases = Vec::with_capacity(weights.len());
-    for (weight, bias) in weights {
-        let [out, c] = weight.shape();
-        if c != cols {
-            return None;
-        }
-        biases.push(match bias {
-            Some(b) if b.layout().shape().num_elements() != out => return None,
-            Some(b) => Some(f32_slice(b)?),
-            None => None,
-        });
-    }
+    // Widths and bias lengths are checked by the tiles, which write nothing when one does not fit.
+    let biases = weights
+        .iter()
+        .map(|(_, bias)| bias.map(f32_slice).map_or(Some(None), |b| b.map(Some)))
+        .collect::<Option<Vec<_>>>()?;
     let mut results: Vec<FlexTensor> = weights
         .iter()
         .map(|(w, _)| zeroed(Shape::from(vec![rows, w.shape()[0]])))
@@ -136,6 +133,18 @@ fn fused_products(
 /// Q8_0 -15%, Q6_K -12%; at 3 rows Q4_1 -19%, Q4_K_M -14%, Q8_0 and Q6_K even); at 2 rows the decode kernel
 /// wins by 10-20%, each weight block's unpacking serving too few rows.
 const INTEGER_TILE_ROWS: usize = 3;
+
+/// Whether the CPU has the integer tiles ([`super::int_gemm`]).
+fn integer_tiles_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::int_dot::Vnni::detect().is_some()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
 
 /// The integer prompt path where the CPU has it ([`super::int_gemm`]); `false` (nothing written) elsewhere.
 fn integer_many_rows(

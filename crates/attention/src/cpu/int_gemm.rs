@@ -40,8 +40,7 @@ use super::kernel_threads;
 use super::linear::OutPtr;
 use super::q8::{Q8Chunk, quantize_chunk};
 use crate::ggml::GgmlMatrix;
-use crate::ggml::unpack::{CHUNK_LEN, Unpack, with_unpacker};
-use channels::ChannelChunk;
+use crate::ggml::unpack::{CHUNK_LEN, IntChunk, Unpack, with_unpacker};
 
 /// Rows in one vector of 32-bit lanes.
 const LANES: usize = 16;
@@ -118,7 +117,7 @@ thread_local! {
     /// The calling thread's packed activations, kept to be reused.
     static ROWS: Cell<Vec<RowChunks>> = const { Cell::new(Vec::new()) };
     /// A pool thread's unpacked channels of one tile.
-    static CHANNELS: Cell<Vec<ChannelChunk>> = const { Cell::new(Vec::new()) };
+    static CHANNELS: Cell<Vec<IntChunk>> = const { Cell::new(Vec::new()) };
 }
 
 /// `x` `[rows, cols]` times `weight` transposed plus `bias`, into `dst` `[rows, out]`, when the CPU has AVX-512
@@ -170,29 +169,23 @@ pub(super) fn many_rows_fused(x: &[f32], rows: usize, products: &mut [Product<'_
         .iter_mut()
         .map(|p| Columns {
             weight: p.weight,
+            out: p.weight.shape()[0],
             bias: p.bias,
             dst: OutPtr(p.dst.as_mut_ptr()),
         })
         .collect();
-    let starts: Vec<usize> = columns
-        .iter()
-        .scan(0, |start, c| {
-            let first = *start;
-            *start += c.weight.shape()[0];
-            Some(first)
-        })
-        .collect();
-    let total = starts.last().map_or(0, |&s| s) + columns.last().map_or(0, |c| c.weight.shape()[0]);
+    let total = columns.iter().map(|c| c.out).sum();
     let rows_packed = Packed {
         rows: &packed,
         per_row,
         paired,
         total_rows: rows,
     };
+    // The products' channels end to end: a task's range is cut at each product's boundaries.
     run_split(total, |range| {
-        for (c, &start) in columns.iter().zip(&starts) {
-            let end = start + c.weight.shape()[0];
-            let (from, to) = (range.start.max(start), range.end.min(end));
+        let mut start = 0;
+        for c in &columns {
+            let (from, to) = (range.start.max(start), range.end.min(start + c.out));
             if from < to {
                 with_unpacker!(
                     c.weight.ty(),
@@ -200,6 +193,7 @@ pub(super) fn many_rows_fused(x: &[f32], rows: usize, products: &mut [Product<'_
                     ()
                 );
             }
+            start += c.out;
         }
     });
     ROWS.set(packed);
@@ -280,9 +274,10 @@ struct Packed<'a> {
     total_rows: usize,
 }
 
-/// One weight of a product with where its results go.
+/// One weight (`[out, cols]`) of a product with where its results go (`[rows, out]`).
 struct Columns<'a> {
     weight: GgmlMatrix<'a>,
+    out: usize,
     bias: Option<&'a [f32]>,
     dst: OutPtr,
 }
@@ -294,8 +289,6 @@ fn multiply<U: Unpack>(
     columns: &Columns<'_>,
     channels: std::ops::Range<usize>,
 ) {
-    let [out, _] = columns.weight.shape();
-    let per_row = packed.per_row;
     let mut unpacked = CHANNELS.take();
     for first in channels.clone().step_by(TILE_CHANNELS) {
         let n = TILE_CHANNELS.min(channels.end - first);
@@ -304,14 +297,10 @@ fn multiply<U: Unpack>(
             channels::unpack_avx2::<U>(vnni, columns.weight, first..first + n, &mut unpacked)
         };
         let tile = Tile {
-            rows: packed.rows,
-            per_row,
-            channels: &unpacked[..n * per_row],
+            packed,
+            columns,
+            channels: &unpacked[..n * packed.per_row],
             first,
-            bias: columns.bias,
-            out,
-            total_rows: packed.total_rows,
-            dst: columns.dst,
         };
         // SAFETY: `vnni` proves the features `tiles` is compiled with.
         unsafe {
@@ -360,15 +349,11 @@ const fn rows_per_block(paired: bool) -> usize {
     if paired { LANES / 2 } else { LANES }
 }
 
-/// The inputs of one tile column: the packed rows, `n` unpacked channels starting at output `first`, and where
-/// their `[rows, out]` results go.
+/// The inputs of one tile column: the packed rows, `n` unpacked channels of `columns` starting at its output
+/// `first`.
 struct Tile<'a> {
-    rows: &'a [RowChunks],
-    per_row: usize,
-    channels: &'a [ChannelChunk],
+    packed: &'a Packed<'a>,
+    columns: &'a Columns<'a>,
+    channels: &'a [IntChunk],
     first: usize,
-    bias: Option<&'a [f32]>,
-    out: usize,
-    total_rows: usize,
-    dst: OutPtr,
 }

@@ -21,8 +21,11 @@ pub(crate) const CHUNK_LEN: usize = 32;
 ///
 /// `q` holds unsigned integers for every type but the signed ones ([`Unpack::SIGNED`]), where its bytes
 /// are `i8` and `min` is zero.
+///
+/// Aligned to a cache line (its size): the VNNI tiles read runs of unpacked chunks, each then in one line
+/// (at 32 bytes every other chunk's maps would lie in the next).
 #[derive(Clone, Copy, Debug, Default)]
-#[repr(C, align(32))]
+#[repr(C, align(64))]
 pub(crate) struct IntChunk {
     pub(crate) q: [u8; CHUNK_LEN],
     pub(crate) scale: [f32; 2],

@@ -96,8 +96,8 @@ impl<B: EmberBackend> Linear<B> {
 
     /// Applies each of `N` layers to the same `x` (a layer's query, key and value projections): in one fused
     /// product where all of them keep ggml blocks and the backend fuses them ([`GgmlLinear::forward_many`]),
-    /// else one [`forward`](Self::forward) each. The results are the same either way, up to the order of f32
-    /// sums within a product.
+    /// else one [`forward`](Self::forward) each. The results are the same either way: the fused kernel is
+    /// bit-identical to one product per weight.
     pub fn forward_fused<const N: usize, const D: usize>(
         layers: [&Self; N],
         x: Tensor<B, D>,

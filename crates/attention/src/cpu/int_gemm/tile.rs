@@ -2,15 +2,14 @@
 
 use std::arch::x86_64::*;
 
-use super::channels::ChannelChunk;
 use super::{LANES, QUADS, RowChunks, TILE_ROWS, Tile, Vnni, offset, rows_per_block};
-use crate::ggml::unpack::Unpack;
+use crate::ggml::unpack::{IntChunk, Unpack};
 
 /// Every row block of `tile` against its `n` channels, in tiles of [`TILE_ROWS`] blocks; `P`: the blocks are
 /// paired (one, of up to eight rows).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn tiles<U: Unpack, const P: bool>(vnni: Vnni, tile: &Tile<'_>, n: usize) {
-    let blocks = tile.rows.len() / tile.per_row;
+    let blocks = tile.packed.rows.len() / tile.packed.per_row;
     let mut b = 0;
     while b < blocks {
         let m = TILE_ROWS.min(blocks - b);
@@ -38,10 +37,10 @@ unsafe fn register_tile<const M: usize, const N: usize, U: Unpack, const P: bool
     tile: &Tile<'_>,
     b: usize,
 ) {
-    let per_row = tile.per_row;
+    let per_row = tile.packed.per_row;
     let rows: [&[RowChunks]; M] =
-        std::array::from_fn(|m| &tile.rows[(b + m) * per_row..(b + m + 1) * per_row]);
-    let channels: [&[ChannelChunk]; N] =
+        std::array::from_fn(|m| &tile.packed.rows[(b + m) * per_row..(b + m + 1) * per_row]);
+    let channels: [&[IntChunk]; N] =
         std::array::from_fn(|n| &tile.channels[n * per_row..(n + 1) * per_row]);
     // SAFETY: the caller has the features; every load is of a field of an element of the slices above, indexed
     // by `c < per_row` (their length) and `j < QUADS`.
@@ -64,9 +63,9 @@ unsafe fn register_tile<const M: usize, const N: usize, U: Unpack, const P: bool
             for (n, acc) in acc.iter().enumerate() {
                 _mm512_storeu_ps(lanes.as_mut_ptr(), *acc);
                 let o = tile.first + n;
-                let bias = tile.bias.map_or(0.0, |bias| bias[o]);
+                let bias = tile.columns.bias.map_or(0.0, |bias| bias[o]);
                 let first_row = (b + m) * per_block;
-                for i in 0..per_block.min(tile.total_rows.saturating_sub(first_row)) {
+                for i in 0..per_block.min(tile.packed.total_rows.saturating_sub(first_row)) {
                     let v = if P {
                         lanes[2 * i] + lanes[2 * i + 1]
                     } else {
@@ -74,7 +73,11 @@ unsafe fn register_tile<const M: usize, const N: usize, U: Unpack, const P: bool
                     };
                     // SAFETY: `dst` is `[rows, out]`, `first_row + i < rows` and `o < out`; each channel
                     // belongs to one task and each row to one tile of it, so no two writes meet.
-                    *tile.dst.get().add((first_row + i) * tile.out + o) = v + bias;
+                    *tile
+                        .columns
+                        .dst
+                        .get()
+                        .add((first_row + i) * tile.columns.out + o) = v + bias;
                 }
             }
         }
@@ -86,7 +89,7 @@ unsafe fn register_tile<const M: usize, const N: usize, U: Unpack, const P: bool
 #[inline(always)]
 unsafe fn sums<const M: usize, const N: usize, U: Unpack, const P: bool>(
     rows: &[&[RowChunks]; M],
-    channels: &[&[ChannelChunk]; N],
+    channels: &[&[IntChunk]; N],
     c: usize,
     h: usize,
 ) -> [[__m512i; N]; M] {
@@ -148,7 +151,7 @@ unsafe fn scale<const M: usize, const N: usize, U: Unpack>(
     acc: &mut [[__m512; N]; M],
     sums: [[__m512i; N]; M],
     rows: &[&[RowChunks]; M],
-    channels: &[&[ChannelChunk]; N],
+    channels: &[&[IntChunk]; N],
     c: usize,
     h: usize,
 ) {
