@@ -1,6 +1,6 @@
 //! Run-time backend selection.
 //!
-//! Library crates are generic over `B: Backend`; the binary decides once, at start-up, which concrete backend to
+//! Library crates are generic over `B: EmberBackend`; the binary decides once, at start-up, which concrete backend to
 //! use and dispatches into a monomorphised entry point ([`BackendJob::run`]). Selection is a pure function of what
 //! is compiled in and what initialises on this machine ([`Probe`]), so it is tested with fake probes.
 

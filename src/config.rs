@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use ember_model::AttentionKernel;
+use ember_model::lora::LoraSettings;
+use ember_training::NodeSettings;
 
 use crate::backend::BackendRequest;
 
@@ -151,50 +153,12 @@ pub struct TrainingConfig {
     pub checkpoint_activations: bool,
     /// Data-parallel replicas on this machine; `batch_size` is split evenly across them.
     pub devices: Devices,
-    /// Several machines joined through a burn-collective orchestrator (`ember orchestrator`).
-    pub nodes: Option<NodesConfig>,
-    /// Train LoRA adapters on the frozen `model.from` instead of every weight.
-    pub lora: Option<LoraConfig>,
-}
-
-/// `training.lora`: low-rank adapters on the projections `targets` names (the family's Hugging Face module
-/// names), the base weights frozen. Saved in PEFT's format under each checkpoint's `adapter/`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LoraConfig {
-    /// Rank of each update.
-    pub rank: usize,
-    /// The update is scaled by `alpha / rank`.
-    pub alpha: f64,
-    /// Dropout on the adapters' inputs while training.
-    pub dropout: f64,
-    /// Module names to adapt, e.g. `[q_proj, k_proj, v_proj, o_proj]`.
-    pub targets: Vec<String>,
-}
-
-impl Default for LoraConfig {
-    /// PEFT's rank and dropout, alpha twice the rank (the common recipe), on the attention's query and value
-    /// projections (PEFT's default targets for the LLaMA lineage).
-    fn default() -> Self {
-        LoraConfig {
-            rank: 8,
-            alpha: 16.0,
-            dropout: 0.0,
-            targets: vec!["q_proj".into(), "v_proj".into()],
-        }
-    }
-}
-
-impl LoraConfig {
-    /// The model crate's settings.
-    pub fn settings(&self) -> ember_model::lora::LoraSettings {
-        ember_model::lora::LoraSettings {
-            rank: self.rank,
-            alpha: self.alpha,
-            dropout: self.dropout,
-            targets: self.targets.clone(),
-        }
-    }
+    /// Several machines joined through a burn-collective orchestrator (`ember orchestrator`); every machine
+    /// draws the same global batch of `batch_size` rows and trains on share `rank` of it.
+    pub nodes: Option<NodeSettings>,
+    /// Train LoRA adapters on the frozen `model.from` instead of every weight, on the projections `targets` names
+    /// (the family's Hugging Face module names); saved in PEFT's format under each checkpoint's `adapter/`.
+    pub lora: Option<LoraSettings>,
 }
 
 /// Data-parallel replicas on this machine: a count (`devices: 2` is devices 0 and 1 of the backend, or two
@@ -241,24 +205,6 @@ impl Devices {
         };
         (0..count).map(|i| i as u16).collect()
     }
-}
-
-/// This machine's place in a multi-machine data-parallel run.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NodesConfig {
-    /// Machines taking part (each runs `ember train` with the same config except `address`, `data_port` and
-    /// `rank`).
-    pub count: u32,
-    /// The orchestrator every machine registers with, e.g. `ws://10.0.0.1:3000`.
-    pub orchestrator: String,
-    /// This machine's address as the others reach it, e.g. `ws://10.0.0.2:3001`.
-    pub address: String,
-    /// Port of this machine's tensor data service: the port of `address`.
-    pub data_port: u16,
-    /// This machine's index, `0..count`: every machine draws the same global batch of `batch_size` rows and trains
-    /// on share `rank` of it.
-    pub rank: u32,
 }
 
 /// `training.precision`: `f32`, or `bf16` (bf16 compute with f32 master weights).

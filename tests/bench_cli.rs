@@ -1,7 +1,9 @@
 //! `ember bench` end to end: the model bench on a tiny saved model, the suites, and `--compare`.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use burn::backend::Flex;
 use ember_bench::memory::PeakScope;
@@ -12,13 +14,7 @@ use ember_bench::{
 use ember_model::weights::RandomInit;
 use ember_model::{ModelSpec, Transformer};
 
-fn ember(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(["--backend", "cpu", "--quiet"])
-        .args(args)
-        .output()
-        .unwrap()
-}
+use common::run_cpu;
 
 fn stdout(out: &Output) -> String {
     assert!(
@@ -68,7 +64,7 @@ fn model_bench_json_has_every_figure_and_matches_the_output_file() {
         "--runs",
         "2",
     ];
-    let printed = stdout(&ember(
+    let printed = stdout(&run_cpu(
         &[
             &args[..],
             &["--format", "json", "--output", out_file.to_str().unwrap()],
@@ -104,7 +100,7 @@ fn model_bench_json_has_every_figure_and_matches_the_output_file() {
     assert_eq!(m.device_memory, None);
     assert_eq!(m.settings.kv_cache, "contiguous");
     assert_eq!(m.kv_cache_bytes, Some(16 * 256));
-    let table = stdout(&ember(&args));
+    let table = stdout(&run_cpu(&args));
     assert!(
         table.contains("decode_latency_ms.p99") && table.contains("tokens/s"),
         "{table}"
@@ -116,7 +112,7 @@ fn model_bench_json_has_every_figure_and_matches_the_output_file() {
 fn paged_kv_cache_model_bench_reports_the_pool() {
     let dir = temp_dir("paged");
     let model = tiny_model_dir(dir.path());
-    let out = ember(&[
+    let out = run_cpu(&[
         "bench",
         "--model",
         model.to_str().unwrap(),
@@ -141,7 +137,7 @@ fn paged_kv_cache_model_bench_reports_the_pool() {
     // Per run, the pool starts at 1 block and doubles on demand: 8 prompt positions per row take 2 blocks
     // each (1 -> 2 -> 4 blocks), the 4 decode steps a third each (4 -> 8); 8 blocks x 4 positions x 256 bytes.
     assert_eq!(m.kv_cache_bytes, Some(8 * 4 * 256));
-    let bad = ember(&[
+    let bad = run_cpu(&[
         "bench",
         "--model",
         model.to_str().unwrap(),
@@ -179,7 +175,7 @@ fn quantized_model_bench_reports_the_scheme_and_smaller_weights() {
             "json",
         ];
         args.extend_from_slice(extra);
-        serde_json::from_str(&stdout(&ember(&args))).unwrap()
+        serde_json::from_str(&stdout(&run_cpu(&args))).unwrap()
     };
     let f32_report = bench(&[]);
     let int8_report = bench(&["--quantize", "int8"]);
@@ -201,7 +197,7 @@ fn bad_quantize_values_are_clear_errors() {
     let dir = temp_dir("quantize-bad");
     let model = tiny_model_dir(dir.path());
     let run = |scheme: &str| {
-        let out = ember(&[
+        let out = run_cpu(&[
             "bench",
             "--model",
             model.to_str().unwrap(),
@@ -235,7 +231,7 @@ fn kernel_suite_reports_each_kernel_pass_and_length() {
         "--format",
         "json",
     ];
-    let report = Report::from_json(&stdout(&ember(&args))).unwrap();
+    let report = Report::from_json(&stdout(&run_cpu(&args))).unwrap();
     let ReportBody::Kernels(k) = report.body else {
         panic!("not a kernel report")
     };
@@ -277,7 +273,7 @@ fn train_suite_times_steps_of_the_configured_model() {
         "--format",
         "json",
     ];
-    let report = Report::from_json(&stdout(&ember(&args))).unwrap();
+    let report = Report::from_json(&stdout(&run_cpu(&args))).unwrap();
     let ReportBody::Train(t) = report.body else {
         panic!("not a train report")
     };
@@ -300,7 +296,7 @@ fn train_suite_times_steps_of_the_configured_model() {
 
 #[test]
 fn tokenizer_suite_needs_its_inputs() {
-    let out = ember(&["bench", "--suite", "tokenizer"]);
+    let out = run_cpu(&["bench", "--suite", "tokenizer"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--tokenizer"));
 }
@@ -356,7 +352,7 @@ fn compare_prints_a_verdict_per_figure() {
     let (old, new) = (dir.path().join("old.json"), dir.path().join("new.json"));
     std::fs::write(&old, model_report(10.0, 100.0).to_json().unwrap()).unwrap();
     std::fs::write(&new, model_report(5.0, 80.0).to_json().unwrap()).unwrap();
-    let text = stdout(&ember(&[
+    let text = stdout(&run_cpu(&[
         "bench",
         "--compare",
         old.to_str().unwrap(),
@@ -386,7 +382,7 @@ fn compare_names_a_file_that_is_not_a_report() {
     let dir = temp_dir("bad");
     let bad = dir.path().join("bad.json");
     std::fs::write(&bad, "{}").unwrap();
-    let out = ember(&[
+    let out = run_cpu(&[
         "bench",
         "--compare",
         bad.to_str().unwrap(),

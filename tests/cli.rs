@@ -1,15 +1,11 @@
 //! End-to-end checks of the command line itself: help texts, backend selection errors and config errors, run
 //! against the built `ember` binary.
 
-use std::process::{Command, Output};
+mod common;
 
-fn ember(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(args)
-        .env_remove("EMBER_BACKEND")
-        .output()
-        .expect("the ember binary runs")
-}
+use std::process::Output;
+
+use common::{ember, model_fixture, run, tokenizer_fixture};
 
 fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -22,7 +18,7 @@ fn stderr(out: &Output) -> String {
 /// The subcommands `ember --help` lists: clap's own list, read from the "Commands:" section (entries are indented
 /// two spaces; wrapped descriptions further), so this test cannot miss a new subcommand.
 fn subcommands() -> Vec<String> {
-    let out = ember(&["--help"]);
+    let out = run(&["--help"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     let section = text
@@ -46,7 +42,7 @@ fn top_level_help_lists_the_subcommands_and_every_global_flag() {
     for sub in ["train", "generate", "quantize", "orchestrator"] {
         assert!(subs.iter().any(|s| s == sub), "{sub} missing from {subs:?}");
     }
-    let text = stdout(&ember(&["--help"]));
+    let text = stdout(&run(&["--help"]));
     for flag in ["--backend", "--quiet", "--threads"] {
         assert!(
             text.contains(flag),
@@ -58,7 +54,7 @@ fn top_level_help_lists_the_subcommands_and_every_global_flag() {
 #[test]
 fn every_subcommand_has_help() {
     for sub in subcommands() {
-        let out = ember(&[&sub, "--help"]);
+        let out = run(&[&sub, "--help"]);
         assert!(
             out.status.success(),
             "ember {sub} --help failed: {}",
@@ -78,10 +74,7 @@ fn a_backend_that_is_not_compiled_in_is_an_error_naming_the_feature() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let model = std::path::PathBuf::from(
-        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
-    )
-    .join("crates/model/tests/fixtures/llama3");
+    let model = model_fixture("llama3");
     let output = dir.path().join("logits.safetensors");
     let args = [
         "--backend",
@@ -93,7 +86,7 @@ fn a_backend_that_is_not_compiled_in_is_an_error_naming_the_feature() {
         "1,2,3",
         "--output",
     ];
-    let out = ember(&[&args[..], &[output.to_str().unwrap()]].concat());
+    let out = run(&[&args[..], &[output.to_str().unwrap()]].concat());
     assert!(!out.status.success());
     let err = stderr(&out);
     assert!(err.contains("--features cuda"), "{err}");
@@ -102,7 +95,7 @@ fn a_backend_that_is_not_compiled_in_is_an_error_naming_the_feature() {
 
 #[test]
 fn an_unknown_backend_name_is_rejected_by_the_parser() {
-    let out = ember(&["--backend", "tpu", "info", "--model", "x"]);
+    let out = run(&["--backend", "tpu", "info", "--model", "x"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("possible values"), "{}", stderr(&out));
 }
@@ -112,7 +105,7 @@ fn a_config_with_an_unknown_key_names_the_file_and_key() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("bad.yaml");
     std::fs::write(&config, "name: x\ntraining:\n  learning_rat: 0.1\n").unwrap();
-    let out = ember(&["train", "--config", config.to_str().unwrap()]);
+    let out = run(&["train", "--config", config.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = stderr(&out);
     assert!(
@@ -124,7 +117,7 @@ fn a_config_with_an_unknown_key_names_the_file_and_key() {
 
 #[test]
 fn a_missing_config_file_is_an_error_naming_it() {
-    let out = ember(&["train", "--config", "/nonexistent/run.yaml"]);
+    let out = run(&["train", "--config", "/nonexistent/run.yaml"]);
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("/nonexistent/run.yaml"),
@@ -133,22 +126,15 @@ fn a_missing_config_file_is_an_error_naming_it() {
     );
 }
 
-fn fixture(path: &str) -> std::path::PathBuf {
-    std::path::PathBuf::from(
-        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
-    )
-    .join(path)
-}
-
 /// The values issue 25's fuzzing found accepted (or hanging, or panicking), through the real binary: each is a
 /// usage error (exit 2) naming the flag, before anything runs. The full table of flags and values is
 /// `flags::tests` (clap's parser in-process, much cheaper); these prove the binary uses it.
 #[test]
 fn out_of_range_flags_are_usage_errors_naming_the_flag() {
-    let model = fixture("crates/model/tests/fixtures/llama3");
+    let model = model_fixture("llama3");
     let m = model.to_str().unwrap();
     let generate = |flag: &str, value: &str| {
-        ember(&[
+        run(&[
             "generate",
             "--model",
             m,
@@ -160,7 +146,7 @@ fn out_of_range_flags_are_usage_errors_naming_the_flag() {
     let cases = [
         (
             "--threads",
-            ember(&["--threads", "100000", "info", "--model", m]),
+            run(&["--threads", "100000", "info", "--model", m]),
         ),
         ("--temperature", generate("--temperature", "NaN")),
         ("--temperature", generate("--temperature", "-1")),
@@ -177,7 +163,7 @@ fn out_of_range_flags_are_usage_errors_naming_the_flag() {
         ),
         (
             "--time-limit",
-            ember(&["train", "--config", "c.yaml", "--time-limit", "1e300"]),
+            run(&["train", "--config", "c.yaml", "--time-limit", "1e300"]),
         ),
     ];
     for (flag, out) in cases {
@@ -194,11 +180,11 @@ fn out_of_range_flags_are_usage_errors_naming_the_flag() {
 #[test]
 fn logits_past_the_context_length_name_the_flag() {
     let dir = tempfile::tempdir().unwrap();
-    let model = fixture("crates/model/tests/fixtures/llama3");
+    let model = model_fixture("llama3");
     // The fixture's config.json has max_position_embeddings 64.
     let ids = vec!["1"; 65].join(",");
     let output = dir.path().join("logits.safetensors");
-    let out = ember(&[
+    let out = run(&[
         "--backend",
         "cpu",
         "logits",
@@ -225,9 +211,9 @@ fn logits_past_the_context_length_name_the_flag() {
 /// `println!`; now ember stops quietly with success, like any filter.
 #[test]
 fn a_closed_stdout_ends_quietly() {
-    let model = fixture("crates/model/tests/fixtures/llama3");
+    let model = model_fixture("llama3");
     let m = model.to_str().unwrap();
-    let tokenizer = fixture("crates/tokenizer/tests/fixtures/llama3_style.tokenizer.json");
+    let tokenizer = tokenizer_fixture("llama3_style.tokenizer.json");
     let runs: [(&[&str], &[u8]); 3] = [
         (&["info", "--json", "--model", m], b""),
         (&["info", "--model", m], b""),
@@ -240,9 +226,8 @@ fn a_closed_stdout_ends_quietly() {
         let (reader, writer) = std::io::pipe().unwrap();
         // No reader left: every write to the pipe fails with EPIPE.
         drop(reader);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+        let mut child = ember()
             .args(args)
-            .env_remove("EMBER_BACKEND")
             .stdin(std::process::Stdio::piped())
             .stdout(writer)
             .stderr(std::process::Stdio::piped())
@@ -269,7 +254,7 @@ fn a_closed_stdout_ends_quietly() {
 /// happened: 0 for a run that worked, 1 for one that failed.
 #[test]
 fn a_closed_stderr_does_not_turn_a_message_into_a_panic() {
-    let model = fixture("crates/model/tests/fixtures/llama3");
+    let model = model_fixture("llama3");
     let runs: [(&[&str], i32); 2] = [
         (&["info", "--model", model.to_str().unwrap()], 0),
         (&["info", "--model", "/nonexistent/model"], 1),
@@ -277,12 +262,7 @@ fn a_closed_stderr_does_not_turn_a_message_into_a_panic() {
     for (args, expected) in runs {
         let (reader, writer) = std::io::pipe().unwrap();
         drop(reader);
-        let out = Command::new(env!("CARGO_BIN_EXE_ember"))
-            .args(args)
-            .env_remove("EMBER_BACKEND")
-            .stderr(writer)
-            .output()
-            .unwrap();
+        let out = ember().args(args).stderr(writer).output().unwrap();
         assert_eq!(
             out.status.code(),
             Some(expected),
@@ -315,7 +295,7 @@ fn a_config_value_out_of_range_names_the_file_the_key_and_the_range() {
     ] {
         let config = dir.path().join("hostile.yaml");
         std::fs::write(&config, yaml).unwrap();
-        let out = ember(&["train", "--config", config.to_str().unwrap()]);
+        let out = run(&["train", "--config", config.to_str().unwrap()]);
         let err = stderr(&out);
         assert!(!out.status.success(), "{yaml}");
         assert!(
@@ -328,7 +308,7 @@ fn a_config_value_out_of_range_names_the_file_the_key_and_the_range() {
 
 #[test]
 fn a_kernel_bench_too_large_for_memory_is_refused_before_allocating() {
-    let out = ember(&[
+    let out = run(&[
         "--backend",
         "cpu",
         "--quiet",

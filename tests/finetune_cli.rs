@@ -2,26 +2,12 @@
 //! backend. The base is a tiny model ember trains first, so its directory holds a tokenizer as downloaded models
 //! do.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-fn ember(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(["--backend", "cpu", "--quiet"])
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn ok(out: Output) -> Output {
-    assert!(
-        out.status.success(),
-        "ember failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+use common::{ok, run_cpu};
 
 fn path(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -50,7 +36,7 @@ training: {batch_size: 4, max_steps: 30, warmup_steps: 2, learning_rate: 1.0e-2,
     )
     .unwrap();
     let out = dir.join("base");
-    ok(ember(&[
+    ok(run_cpu(&[
         "train",
         "--config",
         path(&config),
@@ -114,7 +100,7 @@ fn logits(model: &Path, extra: &[&str], out: &Path) -> Vec<f32> {
     ];
     args.extend_from_slice(extra);
     args.extend_from_slice(&["--output", path(out)]);
-    ok(ember(&args));
+    ok(run_cpu(&args));
     let bytes = std::fs::read(out).unwrap();
     let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     tensors
@@ -141,7 +127,7 @@ fn lora_trains_adapters_only_saves_peft_and_merged_models_and_resumes_exactly() 
     let lora = "  lora: {rank: 4, alpha: 8, targets: [q_proj, v_proj, down_proj]}";
     let config = finetune_config(dir.path(), "lora", &base, lora);
     let straight = dir.path().join("straight");
-    ok(ember(&[
+    ok(run_cpu(&[
         "train",
         "--config",
         path(&config),
@@ -210,7 +196,7 @@ fn lora_trains_adapters_only_saves_peft_and_merged_models_and_resumes_exactly() 
     // Stopped after 2 steps and resumed: the same losses bit for bit (adapters and moments round-trip in f32, the
     // frozen base is reloaded from model.from).
     let split = dir.path().join("split");
-    ok(ember(&[
+    ok(run_cpu(&[
         "train",
         "--config",
         path(&config),
@@ -219,7 +205,7 @@ fn lora_trains_adapters_only_saves_peft_and_merged_models_and_resumes_exactly() 
         "--max-steps",
         "2",
     ]));
-    ok(ember(&[
+    ok(run_cpu(&[
         "train",
         "--config",
         path(&config),
@@ -236,7 +222,7 @@ fn full_fine_tuning_starts_from_the_pretrained_weights() {
     let base = base_model(dir.path());
     let config = finetune_config(dir.path(), "full", &base, "");
     let run = dir.path().join("full");
-    ok(ember(&[
+    ok(run_cpu(&[
         "train",
         "--config",
         path(&config),
@@ -277,7 +263,7 @@ fn checkpointed_activations_train_exactly_as_stored_ones() {
             let extra = format!("  checkpoint_activations: {checkpoint}\n{extra}");
             let config = finetune_config(dir.path(), &tag, &base, &extra);
             let run = dir.path().join(&tag);
-            ok(ember(&[
+            ok(run_cpu(&[
                 "train",
                 "--config",
                 path(&config),
@@ -336,7 +322,7 @@ fn bad_fine_tuning_configs_are_errors_naming_the_key_and_write_nothing() {
     ];
     for (config, expected) in cases {
         let out = dir.path().join("out");
-        let output = ember(&["train", "--config", path(&config), "--out", path(&out)]);
+        let output = run_cpu(&["train", "--config", path(&config), "--out", path(&out)]);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(
             !output.status.success(),
@@ -370,7 +356,7 @@ fn bad_fine_tuning_configs_are_errors_naming_the_key_and_write_nothing() {
     ] {
         let config = dir.path().join("refused.yaml");
         std::fs::write(&config, format!("data: {{inputs: [corpus.txt]}}\n{yaml}\n")).unwrap();
-        let output = ember(&["train", "--config", path(&config)]);
+        let output = run_cpu(&["train", "--config", path(&config)]);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success(), "{yaml} was accepted");
         assert!(
@@ -423,7 +409,7 @@ fn chat_data_trains_on_replies_and_bad_chat_input_is_an_error_naming_the_line() 
     };
     write_config("chat.jsonl", 48);
     let run = dir.path().join("chat-run");
-    ok(ember(&[
+    ok(run_cpu(&[
         "train",
         "--config",
         path(&config),
@@ -439,7 +425,7 @@ fn chat_data_trains_on_replies_and_bad_chat_input_is_an_error_naming_the_line() 
 
     // `ember prepare --format chat` writes the rows once; training on them is the same run, step for step.
     let prepared = dir.path().join("prepared");
-    ok(ember(&[
+    ok(run_cpu(&[
         "prepare",
         "--format",
         "chat",
@@ -454,7 +440,7 @@ fn chat_data_trains_on_replies_and_bad_chat_input_is_an_error_naming_the_line() 
     ]));
     write_config("prepared", 48);
     let from_prepared = dir.path().join("prepared-run");
-    ok(ember(&[
+    ok(run_cpu(&[
         "train",
         "--config",
         path(&config),
@@ -468,7 +454,7 @@ fn chat_data_trains_on_replies_and_bad_chat_input_is_an_error_naming_the_line() 
     );
     // Rows prepared for another block size are refused, naming the key.
     write_config("prepared", 32);
-    let output = ember(&[
+    let output = run_cpu(&[
         "train",
         "--config",
         path(&config),
@@ -499,7 +485,7 @@ fn chat_data_trains_on_replies_and_bad_chat_input_is_an_error_naming_the_line() 
         .unwrap();
         write_config("bad.jsonl", block);
         let out = dir.path().join("bad-run");
-        let output = ember(&["train", "--config", path(&config), "--out", path(&out)]);
+        let output = run_cpu(&["train", "--config", path(&config), "--out", path(&out)]);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success(), "{line} was accepted");
         assert!(
@@ -510,7 +496,7 @@ fn chat_data_trains_on_replies_and_bad_chat_input_is_an_error_naming_the_line() 
     }
     // A conversation longer than a row.
     write_config("chat.jsonl", 4);
-    let output = ember(&[
+    let output = run_cpu(&[
         "train",
         "--config",
         path(&config),
@@ -527,7 +513,7 @@ fn chat_data_trains_on_replies_and_bad_chat_input_is_an_error_naming_the_line() 
     // A base without a chat template.
     std::fs::remove_file(base.join("tokenizer_config.json")).unwrap();
     write_config("chat.jsonl", 48);
-    let output = ember(&[
+    let output = run_cpu(&[
         "train",
         "--config",
         path(&config),

@@ -1,12 +1,16 @@
 //! `ember generate` end to end: a small random model saved to a temporary directory, and SmolLM2-135M-Instruct
 //! from GGUF when scripts/fetch_smollm2.sh has fetched it.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use burn::backend::Flex;
 use ember_model::weights::RandomInit;
 use ember_model::{ModelSpec, Transformer};
+
+use common::{ember_cpu, fixture, run_cpu};
 
 /// A LLaMA-style model with a 48-token context and no tokenizer, saved as a Hugging Face directory.
 fn tiny_model_dir() -> tempfile::TempDir {
@@ -21,14 +25,6 @@ fn tiny_model_dir() -> tempfile::TempDir {
     .unwrap();
     ember_model::save(&model, dir.path()).unwrap();
     dir
-}
-
-fn ember(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(["--quiet", "--backend", "cpu"])
-        .args(args)
-        .output()
-        .unwrap()
 }
 
 fn json_lines(out: &Output) -> Vec<serde_json::Value> {
@@ -52,7 +48,7 @@ fn model_arg(dir: &Path) -> String {
 fn json_output_reports_ids_finish_reason_and_timing() {
     let dir = tiny_model_dir();
     let m = model_arg(dir.path());
-    let out = ember(&[
+    let out = run_cpu(&[
         "generate",
         "--model",
         &m,
@@ -80,7 +76,7 @@ fn the_same_seed_reproduces_sampled_tokens() {
     let dir = tiny_model_dir();
     let m = model_arg(dir.path());
     let run = |seed: &str| {
-        let out = ember(&[
+        let out = run_cpu(&[
             "generate",
             "--model",
             &m,
@@ -108,7 +104,7 @@ fn a_prompt_longer_than_the_context_fails_unless_truncated() {
     let m = model_arg(dir.path());
     let long: Vec<String> = (0..60).map(|i| (i % 90).to_string()).collect();
     let long = long.join(",");
-    let out = ember(&[
+    let out = run_cpu(&[
         "generate",
         "--model",
         &m,
@@ -123,7 +119,7 @@ fn a_prompt_longer_than_the_context_fails_unless_truncated() {
         err.contains("60 tokens") && err.contains("48") && err.contains("--truncate"),
         "{err}"
     );
-    let out = ember(&[
+    let out = run_cpu(&[
         "generate",
         "--model",
         &m,
@@ -145,10 +141,7 @@ fn a_prompt_longer_than_the_context_fails_unless_truncated() {
 }
 
 fn smollm2() -> Option<PathBuf> {
-    let path = std::path::PathBuf::from(
-        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
-    )
-    .join(".cache/assets/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let path = fixture(".cache/assets/SmolLM2-135M-Instruct.Q4_1.gguf");
     if path.is_file() {
         Some(path)
     } else {
@@ -164,7 +157,7 @@ fn smollm2() -> Option<PathBuf> {
 fn smollm2_answers_the_capital_of_france() {
     let Some(path) = smollm2() else { return };
     let m = path.display().to_string();
-    let out = ember(&[
+    let out = run_cpu(&[
         "generate",
         "--model",
         &m,
@@ -219,7 +212,7 @@ fn smollm2_answers_the_same_with_its_stored_quantization() {
         if exact {
             args.push("--exact-products");
         }
-        let out = ember(&args);
+        let out = run_cpu(&args);
         assert!(
             out.status.success(),
             "{}",
@@ -243,8 +236,8 @@ fn smollm2_interactive_chat_answers_turn_by_turn() {
     use std::process::Stdio;
 
     let Some(path) = smollm2() else { return };
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(["--quiet", "--backend", "cpu", "generate", "--model"])
+    let mut child = ember_cpu()
+        .args(["generate", "--model"])
         .arg(&path)
         .args([
             "--interactive",
@@ -284,10 +277,7 @@ fn smollm2_interactive_chat_answers_turn_by_turn() {
 fn smollm2_eval_reports_perplexity_for_each_precision() {
     let Some(path) = smollm2() else { return };
     let m = path.display().to_string();
-    let text = std::path::PathBuf::from(
-        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
-    )
-    .join("data/tinyshakespeare.txt");
+    let text = fixture("data/tinyshakespeare.txt");
     let eval = |extra: &[&str]| -> serde_json::Value {
         let mut args = vec![
             "eval",
@@ -302,7 +292,7 @@ fn smollm2_eval_reports_perplexity_for_each_precision() {
             "--json",
         ];
         args.extend_from_slice(extra);
-        json_lines(&ember(&args)).remove(0)
+        json_lines(&run_cpu(&args)).remove(0)
     };
     let f32_run = eval(&[]);
     let stored = eval(&["--quantize", "gguf"]);
@@ -320,7 +310,7 @@ fn smollm2_eval_reports_perplexity_for_each_precision() {
     // Where the windows' products are integer (CPUs with AVX-512 VNNI) every activation is rounded to 8 bits,
     // as llama.cpp's perplexity runs are: measured 3.6e-3 bits per byte (0.2%) here; 1e-2 bounds it, while a
     // wrong block or row costs whole bits. Elsewhere the windows take the exact tiles: the exact bound holds.
-    let bound = if ember_attention::integer_prompt_products() {
+    let bound = if ember_attention::GgmlProducts::Integer.integer_prompts() {
         1e-2
     } else {
         1e-3
@@ -360,7 +350,7 @@ fn the_paged_kv_cache_generates_the_same_tokens() {
             cache,
         ]
         .concat();
-        json_lines(&ember(&args)).remove(0)
+        json_lines(&run_cpu(&args)).remove(0)
     };
     let contiguous = run(&[]);
     let paged = run(&["--kv-cache", "paged-4", "--kv-budget-mib", "1"]);
@@ -370,7 +360,7 @@ fn the_paged_kv_cache_generates_the_same_tokens() {
     assert_eq!(contiguous["kv_cache_bytes"], 10 * 256);
     assert_eq!(paged["kv_cache_bytes"], 4 * 4 * 256);
 
-    let out = ember(&[
+    let out = run_cpu(&[
         "generate",
         "--model",
         &m,
@@ -393,7 +383,7 @@ fn a_quantized_directory_generates_what_load_time_quantization_does() {
     let out = tempfile::tempdir().unwrap();
     let q = out.path().join("int4");
     let q_arg = q.display().to_string();
-    let done = ember(&[
+    let done = run_cpu(&[
         "quantize",
         "--model",
         &m,
@@ -420,7 +410,7 @@ fn a_quantized_directory_generates_what_load_time_quantization_does() {
             "--format",
             "json",
         ];
-        json_lines(&ember(&[&base[..], args].concat())).remove(0)["ids"].clone()
+        json_lines(&run_cpu(&[&base[..], args].concat())).remove(0)["ids"].clone()
     };
     let stored = ids(&["--model", &q_arg]);
     assert_eq!(stored, ids(&["--model", &m, "--quantize", "int4-g32"]));
@@ -430,7 +420,7 @@ fn a_quantized_directory_generates_what_load_time_quantization_does() {
         "int4 changes a random model's greedy path"
     );
 
-    let refused = ember(&["quantize", "--model", &m, "--out", &q_arg]);
+    let refused = run_cpu(&["quantize", "--model", &m, "--out", &q_arg]);
     assert!(!refused.status.success());
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(err.contains("--quantize SCHEME is required"), "{err}");

@@ -2,13 +2,14 @@
 //! tiny llama.cpp-converted fixtures of crates/model/tests/fixtures/gguf_families (each holds a byte-level BPE
 //! tokenizer and a ChatML template, as the converter writes them).
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
 use burn::backend::Flex;
 use burn::tensor::{Int, Tensor, TensorData};
 use ember_model::gguf::{self, GgufFile};
 use ember_model::{Step, Transformer};
+
+use common::{ember, gguf_fixture, model_fixture, ok, run_cpu};
 
 /// One fixture per GGUF architecture ember reads, with the architecture `ember info` must report.
 const FAMILIES: [(&str, &str); 9] = [
@@ -24,29 +25,9 @@ const FAMILIES: [(&str, &str); 9] = [
     ("gemma3", "Gemma3ForCausalLM"),
 ];
 
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("crates/model/tests/fixtures/gguf_families")
-        .join(format!("{name}.gguf.bin"))
-}
-
-fn ember(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(["--quiet", "--backend", "cpu"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ember {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
 /// Greedy ids from the library, token by token through the KV cache: what the CLI must print.
 fn library_greedy(name: &str, prompt: &[u32], steps: usize) -> Vec<u32> {
-    let file = GgufFile::open(fixture(name)).unwrap();
+    let file = GgufFile::open(gguf_fixture(name)).unwrap();
     let model: Transformer<Flex> = gguf::load(&file, &Default::default(), None).unwrap();
     let vocab = model.spec().vocab_size;
     let mut cache = ember_attention::ContiguousKvCache::<Flex>::new(model.spec().num_layers);
@@ -75,8 +56,8 @@ fn library_greedy(name: &str, prompt: &[u32], steps: usize) -> Vec<u32> {
 #[test]
 fn info_reports_each_gguf_familys_architecture() {
     for (name, architecture) in FAMILIES {
-        let path = fixture(name).display().to_string();
-        let out = ember(&["info", "--model", &path]);
+        let path = gguf_fixture(name).display().to_string();
+        let out = ok(run_cpu(&["info", "--model", &path]));
         let text = String::from_utf8(out.stdout).unwrap();
         assert!(text.contains(architecture), "{name}: {text}");
         if name == "phi3_longrope" {
@@ -91,8 +72,8 @@ fn info_reports_each_gguf_familys_architecture() {
 #[test]
 fn generate_chat_runs_on_a_gguf_of_each_family() {
     for (name, _) in FAMILIES {
-        let path = fixture(name).display().to_string();
-        let out = ember(&[
+        let path = gguf_fixture(name).display().to_string();
+        let out = ok(run_cpu(&[
             "generate",
             "--model",
             &path,
@@ -105,7 +86,7 @@ fn generate_chat_runs_on_a_gguf_of_each_family() {
             "6",
             "--format",
             "json",
-        ]);
+        ]));
         let line: serde_json::Value =
             serde_json::from_slice(out.stdout.split(|&b| b == b'\n').next().unwrap()).unwrap();
         let ids = |key: &str| -> Vec<u32> {
@@ -118,7 +99,7 @@ fn generate_chat_runs_on_a_gguf_of_each_family() {
         };
         let (prompt, generated) = (ids("prompt_ids"), ids("ids"));
         // The prompt went through the file's ChatML template: it opens with `<|im_start|>`.
-        let tokenizer = gguf::load_tokenizer(&fixture(name)).unwrap();
+        let tokenizer = gguf::load_tokenizer(&gguf_fixture(name)).unwrap();
         assert_eq!(
             prompt.first().copied(),
             tokenizer.token_to_id("<|im_start|>"),
@@ -133,9 +114,9 @@ fn generate_chat_runs_on_a_gguf_of_each_family() {
 #[test]
 fn tokenize_reads_the_tokenizer_of_a_gguf_file() {
     use std::io::Write;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+    let mut child = ember()
         .args(["--quiet", "tokenize", "--tokenizer"])
-        .arg(fixture("qwen2"))
+        .arg(gguf_fixture("qwen2"))
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -154,7 +135,7 @@ fn tokenize_reads_the_tokenizer_of_a_gguf_file() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).unwrap();
-    let tokenizer = gguf::load_tokenizer(&fixture("qwen2")).unwrap();
+    let tokenizer = gguf::load_tokenizer(&gguf_fixture("qwen2")).unwrap();
     let ids = tokenizer.encode_ordinary("Good morrow, cousin").unwrap();
     assert!(!ids.is_empty());
     let printed: Vec<u32> = text
@@ -175,8 +156,8 @@ fn prepare_tokenizes_a_corpus_with_a_gguf_files_vocabulary() {
     )
     .unwrap();
     let output = dir.path().join("shards");
-    let tokenizer = fixture("qwen2").display().to_string();
-    ember(&[
+    let tokenizer = gguf_fixture("qwen2").display().to_string();
+    ok(run_cpu(&[
         "prepare",
         "--tokenizer",
         &tokenizer,
@@ -184,18 +165,14 @@ fn prepare_tokenizes_a_corpus_with_a_gguf_files_vocabulary() {
         &input.display().to_string(),
         "--output",
         &output.display().to_string(),
-    ]);
+    ]));
     let written = std::fs::read_dir(&output).unwrap().count();
     assert!(written > 0, "no shards in {}", output.display());
 }
 
 /// Runs ember expecting failure; returns its stderr.
 fn ember_fails(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_ember"))
-        .args(["--quiet", "--backend", "cpu"])
-        .args(args)
-        .output()
-        .unwrap();
+    let out = run_cpu(args);
     assert!(!out.status.success(), "ember {args:?} should have failed");
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -203,7 +180,7 @@ fn ember_fails(args: &[&str]) -> String {
 #[test]
 fn quantize_and_export_write_gguf_files_that_ember_runs() {
     let dir = tempfile::tempdir().unwrap();
-    let source = fixture("qwen3");
+    let source = gguf_fixture("qwen3");
     for (args, types) in [
         (vec!["quantize", "--quantize", "q4_k_m"], "Q5_0"),
         (vec!["quantize", "--quantize", "Q8_0"], "Q8_0"),
@@ -217,7 +194,7 @@ fn quantize_and_export_write_gguf_files_that_ember_runs() {
             "--out",
             out.to_str().unwrap(),
         ]);
-        ember(&full);
+        ok(run_cpu(&full));
         let file = GgufFile::open(&out).unwrap();
         assert!(
             file.tensors()
@@ -226,9 +203,10 @@ fn quantize_and_export_write_gguf_files_that_ember_runs() {
             "{args:?}: no {types} tensor"
         );
         let info =
-            String::from_utf8(ember(&["info", "--model", out.to_str().unwrap()]).stdout).unwrap();
+            String::from_utf8(ok(run_cpu(&["info", "--model", out.to_str().unwrap()])).stdout)
+                .unwrap();
         assert!(info.contains("Qwen3ForCausalLM"), "{info}");
-        let generated = ember(&[
+        let generated = ok(run_cpu(&[
             "generate",
             "--model",
             out.to_str().unwrap(),
@@ -238,7 +216,7 @@ fn quantize_and_export_write_gguf_files_that_ember_runs() {
             "4",
             "--temperature",
             "0",
-        ]);
+        ]));
         assert!(!generated.stdout.is_empty());
     }
 }
@@ -248,11 +226,10 @@ fn gguf_writing_refuses_bad_requests_by_flag() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("x.gguf");
     let out = out.to_str().unwrap();
-    let llama = fixture("llama");
+    let llama = gguf_fixture("llama");
     let llama = llama.to_str().unwrap();
     // GPT-Neo is the one family llama.cpp has no architecture for.
-    let gpt_neo =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crates/model/tests/fixtures/gpt_neo");
+    let gpt_neo = model_fixture("gpt_neo");
     for (args, needle) in [
         (
             vec![

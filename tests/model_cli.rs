@@ -1,21 +1,10 @@
 //! End-to-end tests of `ember info` and `ember logits` against committed fixtures.
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Command;
 
-fn ember() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ember"));
-    cmd.arg("--quiet").arg("--backend").arg("cpu");
-    cmd
-}
-
-fn fixture(name: &str) -> PathBuf {
-    std::path::PathBuf::from(
-        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
-    )
-    .join("crates/model/tests/fixtures")
-    .join(name)
-}
+use common::{ember_cpu, model_fixture};
 
 fn run_ok(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap();
@@ -30,15 +19,15 @@ fn run_ok(cmd: &mut Command) -> String {
 #[test]
 fn info_reports_exact_llama_parameter_counts_from_config_alone() {
     let out = run_ok(
-        ember()
+        ember_cpu()
             .args(["info", "--model"])
-            .arg(fixture("configs/llama2_7b.json")),
+            .arg(model_fixture("configs/llama2_7b.json")),
     );
     assert!(out.contains("6,738,415,616"), "{out}");
     let out = run_ok(
-        ember()
+        ember_cpu()
             .args(["info", "--model"])
-            .arg(fixture("configs/llama3_8b.json")),
+            .arg(model_fixture("configs/llama3_8b.json")),
     );
     assert!(out.contains("8,030,261,248"), "{out}");
     assert!(out.contains("32 query, 8 key/value"), "{out}");
@@ -49,9 +38,9 @@ fn info_reports_exact_llama_parameter_counts_from_config_alone() {
 #[test]
 fn info_json_has_the_spec_and_sizes() {
     let out = run_ok(
-        ember()
+        ember_cpu()
             .args(["info", "--json", "--model"])
-            .arg(fixture("qwen3")),
+            .arg(model_fixture("qwen3")),
     );
     let value: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(value["spec"]["architecture"], "Qwen3ForCausalLM");
@@ -68,7 +57,7 @@ fn info_on_an_unknown_architecture_fails_listing_supported_ones() {
         r#"{"architectures": ["T5ForConditionalGeneration"]}"#,
     )
     .unwrap();
-    let out = ember()
+    let out = ember_cpu()
         .args(["info", "--model"])
         .arg(tmp.path())
         .output()
@@ -104,14 +93,14 @@ fn recorded(path: &std::path::Path) -> (Vec<i64>, Vec<f32>, Vec<usize>) {
 
 #[test]
 fn logits_command_reproduces_transformers_logits() {
-    let (tokens, expected, shape) = recorded(&fixture("phi3/expected.safetensors"));
+    let (tokens, expected, shape) = recorded(&model_fixture("phi3/expected.safetensors"));
     let list: Vec<String> = tokens.iter().map(i64::to_string).collect();
     let tmp = tempfile::tempdir().unwrap();
     let output = tmp.path().join("logits.safetensors");
     run_ok(
-        ember()
+        ember_cpu()
             .args(["logits", "--attention", "manual", "--model"])
-            .arg(fixture("phi3"))
+            .arg(model_fixture("phi3"))
             .args(["--tokens", &list.join(",")])
             .arg("--output")
             .arg(&output),
@@ -131,9 +120,9 @@ fn logits_command_reproduces_transformers_logits() {
 #[test]
 fn logits_rejects_token_ids_outside_the_vocabulary() {
     let tmp = tempfile::tempdir().unwrap();
-    let out = ember()
+    let out = ember_cpu()
         .args(["logits", "--model"])
-        .arg(fixture("gpt2"))
+        .arg(model_fixture("gpt2"))
         .args(["--tokens", "1,2,500", "--output"])
         .arg(tmp.path().join("x.safetensors"))
         .output()

@@ -5,14 +5,14 @@
 //! This needs the patched burn-collective in `vendor/` (see vendor/README.md): with 0.21.0 as published, the
 //! second all-reduce of a session never completes and this test times out.
 
+mod common;
+
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn ember() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ember"))
-}
+use common::ember;
 
 /// A port nothing listens on right now, below the kernel's ephemeral range. A port the OS hands out for `:0` is
 /// free only until the listener closes: before the `ember` process binds it, any outgoing connection on the machine

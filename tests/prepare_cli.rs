@@ -1,14 +1,13 @@
 //! `ember prepare` end to end: a real trained tokenizer, the binary, and the shards read back.
 
+mod common;
+
 use std::path::Path;
-use std::process::Command;
 
 use ember_dataset::{Manifest, Split, SplitMethod, TokenDataset, TokenDtype};
 use ember_tokenizer::{BpeTrainer, NoProgress, Tokenizer};
 
-fn ember() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ember"))
-}
+use common::ember;
 
 /// Trains a 300-token byte-level BPE on `text` and saves it in `dir`.
 fn train_tokenizer(text: &str, dir: &Path) -> std::path::PathBuf {

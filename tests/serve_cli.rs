@@ -2,20 +2,15 @@
 //! would (greedy output equal to `ember generate --chat --temperature 0`), refuses a port in use before loading
 //! the model, and stops cleanly on SIGTERM.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn ember() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ember"))
-}
-
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("crates/model/tests/fixtures/gguf_families/llama.gguf.bin")
-}
+use common::{ember, fixture, gguf_fixture};
 
 /// A free port below the ephemeral range (see tests/multi_node.rs for why not `:0`).
 fn free_port() -> u16 {
@@ -53,7 +48,7 @@ fn get(port: u16, path: &str) -> Option<String> {
 fn start(port: u16, extra: &[&str]) -> Server {
     let child = ember()
         .args(["--quiet", "--backend", "cpu", "serve", "--model"])
-        .arg(fixture())
+        .arg(gguf_fixture("llama"))
         .args(["--port", &port.to_string(), "--model-name", "tiny"])
         .args(extra)
         .stdout(Stdio::null())
@@ -85,7 +80,7 @@ fn start(port: u16, extra: &[&str]) -> Server {
 
 /// The repository's venv Python, when it has the `openai` package (scripts/test.sh installs it).
 fn python_with_openai() -> Option<PathBuf> {
-    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
+    let python = fixture(".venv/bin/python");
     let ok = Command::new(&python)
         .args(["-c", "import openai"])
         .stderr(Stdio::null())
@@ -97,7 +92,7 @@ fn python_with_openai() -> Option<PathBuf> {
 fn generate_chat(prompt: &str, max_new: usize) -> serde_json::Value {
     let out = ember()
         .args(["--quiet", "--backend", "cpu", "generate", "--model"])
-        .arg(fixture())
+        .arg(gguf_fixture("llama"))
         .args([
             "--chat",
             "--prompt",
@@ -130,7 +125,7 @@ fn the_openai_python_client_gets_what_ember_generate_prints() {
     let port = free_port();
     let _server = start(port, &["--api-key", "sesame"]);
     let out = Command::new(python)
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/openai_client.py"))
+        .arg(fixture("tests/python/openai_client.py"))
         .args([&format!("http://127.0.0.1:{port}/v1"), "sesame", "tiny"])
         .output()
         .unwrap();
@@ -160,7 +155,7 @@ fn a_port_in_use_fails_at_once_and_sigterm_stops_the_server() {
     let port = taken.local_addr().unwrap().port();
     let out = ember()
         .args(["--quiet", "serve", "--model"])
-        .arg(fixture())
+        .arg(gguf_fixture("llama"))
         .args(["--port", &port.to_string()])
         .output()
         .unwrap();

@@ -1,19 +1,15 @@
 //! `ember tokenize` and `ember train-tokenizer` end to end.
 
+mod common;
+
 use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
-fn fixture(name: &str) -> PathBuf {
-    std::path::PathBuf::from(
-        std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"),
-    )
-    .join("crates/tokenizer/tests/fixtures")
-    .join(name)
-}
+use common::{ember, fixture, tokenizer_fixture};
 
-fn ember(args: &[&str], stdin: &[u8]) -> std::process::Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ember"))
+/// Runs `ember args` with `stdin` written to its standard input.
+fn run_with_stdin(args: &[&str], stdin: &[u8]) -> std::process::Output {
+    let mut child = ember()
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -30,13 +26,14 @@ fn ember(args: &[&str], stdin: &[u8]) -> std::process::Output {
 
 #[test]
 fn tokenize_prints_hf_reference_ids_and_decodes_them_back_byte_for_byte() {
-    let tok = fixture("qwen2_style.tokenizer.json");
-    let fx: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture("qwen2_style.ids.json")).unwrap())
-            .unwrap();
+    let tok = tokenizer_fixture("qwen2_style.tokenizer.json");
+    let fx: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(tokenizer_fixture("qwen2_style.ids.json")).unwrap(),
+    )
+    .unwrap();
     // The third hard string has a trailing "\n\n": stdin must not be trimmed.
     let text = fx["strings"][2].as_str().unwrap();
-    let out = ember(
+    let out = run_with_stdin(
         &["tokenize", "--tokenizer", tok.to_str().unwrap()],
         text.as_bytes(),
     );
@@ -48,7 +45,7 @@ fn tokenize_prints_hf_reference_ids_and_decodes_them_back_byte_for_byte() {
     let ids: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(ids, fx["ids"][2]);
 
-    let out = ember(
+    let out = run_with_stdin(
         &[
             "tokenize",
             "--tokenizer",
@@ -59,7 +56,7 @@ fn tokenize_prints_hf_reference_ids_and_decodes_them_back_byte_for_byte() {
         text.as_bytes(),
     );
     let spaced = String::from_utf8(out.stdout).unwrap();
-    let back = ember(
+    let back = run_with_stdin(
         &["tokenize", "--tokenizer", tok.to_str().unwrap(), "--decode"],
         spaced.as_bytes(),
     );
@@ -76,7 +73,7 @@ fn tokenize_reports_a_malformed_tokenizer_file_by_name() {
         r#"{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}}"#,
     )
     .unwrap();
-    let out = ember(&["tokenize", "--tokenizer", bad.to_str().unwrap()], b"a");
+    let out = run_with_stdin(&["tokenize", "--tokenizer", bad.to_str().unwrap()], b"a");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -95,7 +92,7 @@ fn train_tokenizer_writes_a_tokenizer_that_tokenize_loads() {
     )
     .unwrap();
     let out_dir = dir.path().join("tok");
-    let out = ember(
+    let out = run_with_stdin(
         &[
             "train-tokenizer",
             "--input",
@@ -115,7 +112,7 @@ fn train_tokenizer_writes_a_tokenizer_that_tokenize_loads() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let enc = ember(
+    let enc = run_with_stdin(
         &["tokenize", "--tokenizer", out_dir.to_str().unwrap()],
         b"to be<|endoftext|>",
     );
@@ -129,7 +126,7 @@ fn train_tokenizer_writes_a_tokenizer_that_tokenize_loads() {
 /// tokenizer), and with `--add-special` the BOS the file declares (`tokenizer.ggml.add_bos_token`) in front.
 #[test]
 fn tokenize_reads_a_gguf_vocabulary_and_adds_its_bos_on_request() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".cache/assets/llama-vocab");
+    let dir = fixture(".cache/assets/llama-vocab");
     let gguf = dir.join("ggml-vocab-llama-spm.gguf");
     if !gguf.is_file() {
         eprintln!(
@@ -154,7 +151,7 @@ fn tokenize_reads_a_gguf_vocabulary_and_adds_its_bos_on_request() {
             gguf.to_str().unwrap(),
         ];
         args.extend(extra);
-        let out = ember(&args, b" Hello world");
+        let out = run_with_stdin(&args, b" Hello world");
         assert!(
             out.status.success(),
             "{}",

@@ -1,11 +1,10 @@
 //! `ember train` and `ember plot` end to end on a tiny corpus and model (CPU backend).
 
-use std::path::Path;
-use std::process::Command;
+mod common;
 
-fn ember() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ember"))
-}
+use std::path::Path;
+
+use common::ember;
 
 /// A small corpus with enough repetition for a 300-token BPE, and a config for a one-layer model.
 fn setup(dir: &Path) -> std::path::PathBuf {

@@ -97,7 +97,7 @@ pub enum Command {
     Serve(serve::Args),
 }
 
-/// Runs the chosen subcommand.
+/// What `main` asks of a command before running it: whether it trains, and the log level it shows by default.
 impl Command {
     /// Whether the command runs training steps (`train`, `bench --suite train`), for which the allocator keeps
     /// freed buffers ([`crate::allocator`]).
@@ -119,6 +119,7 @@ impl Command {
     }
 }
 
+/// Runs the chosen subcommand.
 pub fn run(command: Command, ctx: &Context) -> anyhow::Result<()> {
     match command {
         Command::Train(args) => train::run(args, ctx),

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, bail};
 use ember_inference::{KvCacheKind, ModelAssets, WeightFormat};
-use ember_model::{AttentionKernel, EmberBackend, QuantScheme, Quantization, Transformer};
+use ember_model::{
+    AttentionKernel, EmberBackend, GgmlProducts, QuantScheme, Quantization, Transformer,
+};
 use ember_optimization::quant::scheme::MAX_GROUP_SIZE;
 
 /// The model to run (`--model`) and how to load it ([`LoadArgs`]).
@@ -64,10 +66,15 @@ impl LoadArgs {
         if self.quantize.exact_products && !matches!(format, WeightFormat::Stored) {
             bail!("--exact-products applies to --quantize gguf (GGUF blocks kept packed)");
         }
-        ember_attention::set_exact_ggml_products(self.quantize.exact_products);
+        let products = if self.quantize.exact_products {
+            GgmlProducts::Exact
+        } else {
+            GgmlProducts::Integer
+        };
         let Some(dir) = &self.adapter else {
             return Ok(load_with_progress::<B>(assets, device, &format, quiet)?
-                .with_kernel(self.attention));
+                .with_kernel(self.attention)
+                .with_ggml_products(products));
         };
         // The adapter sits on dense weights; a scheme then quantizes the merged layers.
         let quantization = match format {

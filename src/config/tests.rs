@@ -182,3 +182,28 @@ fn attention_is_a_kernel_name() {
         "{err}"
     );
 }
+
+#[test]
+fn lora_keys_take_peft_defaults_and_an_unknown_one_is_named() {
+    let from = "model:\n  from: base\ntraining:\n  lora: ";
+    let lora = parse(&format!("{from}{{rank: 4}}\n"))
+        .unwrap()
+        .training
+        .lora
+        .unwrap();
+    assert_eq!(
+        lora,
+        ember_model::lora::LoraSettings {
+            rank: 4,
+            alpha: 16.0,
+            dropout: 0.0,
+            targets: vec!["q_proj".into(), "v_proj".into()],
+        }
+    );
+    let err = parse(&format!("{from}{{rnak: 4}}\n")).unwrap_err();
+    assert!(
+        matches!(&err, ConfigError::Parse { key, message, .. }
+            if key.starts_with("training.lora") && message.contains("rnak")),
+        "{err}"
+    );
+}

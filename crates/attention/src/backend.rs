@@ -6,6 +6,11 @@
 //! (`src/cpu/backend.rs`), wgpu and CUDA run the flash forward as a CubeCL kernel (`src/cube/`), and
 //! `Autodiff<B>` records one graph node per call whose backward step is the inner backend's `*_backward` method
 //! (`src/autodiff.rs`), so training keeps only each call's inputs instead of every intermediate.
+//!
+//! One trait here rather than a kernels crate beside this one: every consumer needs both halves (the model
+//! attends and projects; ember-optimization's packed layers and paged pool need the dense kernels and the
+//! `KvCache` trait), and a split would put each backend's impl (the orphan rule ties it to the trait's crate)
+//! and the autodiff wrappers in two crates for no caller that wants one half.
 
 use std::ops::Range;
 
@@ -15,12 +20,13 @@ use burn::tensor::{
     ops::{BoolTensor, FloatTensor, IntTensor},
 };
 
+use crate::GgmlProducts;
 use crate::flash::FlashConfig;
-use crate::ggml::GgmlMatrix;
 use crate::ops::CodeLayout;
 use crate::paged::{PagedConfig, PagedRows};
 use crate::portable::*;
 use crate::rope::RopeConfig;
+use ember_ggml::GgmlMatrix;
 
 /// A burn backend that runs ember's kernels: flash attention (forward and backward) and RoPE's rotation, the
 /// linear layer, RMSNorm, SwiGLU's gate `silu(gate) * up`, the mean cross-entropy of logits against targets, and
@@ -137,31 +143,35 @@ pub trait EmberBackend: Backend {
     }
 
     /// `x` `[rows, in]` times a weight kept as ggml blocks ([`GgmlMatrix`] `[out, in]`) transposed, plus `bias`
-    /// `[out]`, or `None` where the backend has no such kernel for these inputs: the caller then dequantizes
-    /// tiles of the weight and multiplies them densely. Not differentiable.
+    /// `[out]`, in the arithmetic `products` chooses, or `None` where the backend has no such kernel for these
+    /// inputs: the caller then dequantizes tiles of the weight and multiplies them densely (which is
+    /// [`GgmlProducts::Exact`]). Not differentiable.
     ///
-    /// The blocks are host memory (burn-flex's device memory is the host's). burn-flex expands up to 16 rows
-    /// (a decode step) one block at a time into vectorised dot products and multiplies more with gemm, a
-    /// dequantized tile at a time; the default declines.
+    /// The blocks are host memory (burn-flex's device memory is the host's). burn-flex takes integer dot
+    /// products for decode steps and, on CPUs with AVX-512 VNNI, integer tiles for more rows; the exact
+    /// products dequantize blocks into vectorised f32 dot products (decode) or tiles for gemm (prompts). The
+    /// default declines.
     fn ggml_dense(
         x: FloatTensor<Self>,
         weight: GgmlMatrix<'_>,
         bias: Option<FloatTensor<Self>>,
+        products: GgmlProducts,
     ) -> Option<FloatTensor<Self>> {
-        let _ = (x, weight, bias);
+        let _ = (x, weight, bias, products);
         None
     }
 
     /// [`ggml_dense`](Self::ggml_dense) of several weights `[out_i, in]` (each with its bias) with one input,
-    /// one result each, or `None` where the backend has no fused kernel for these inputs: the caller then runs
-    /// `ggml_dense` per weight. burn-flex fuses a layer's query, key and value projections (and an MLP's gate and
-    /// up) where the CPU has the integer tiles: the input is quantized once and all the products' channels are
-    /// split across the threads in one hand-off. The default declines.
+    /// one result each, or `None` where the backend has no kernel taking them together: the caller then runs
+    /// `ggml_dense` per weight. burn-flex takes a layer's query, key and value projections (and an MLP's gate
+    /// and up) together where the CPU has the integer tiles: the input is quantized once and all the products'
+    /// channels are split across the threads in one hand-off. The default declines.
     fn ggml_dense_many(
         x: FloatTensor<Self>,
         weights: &[(GgmlMatrix<'_>, Option<FloatTensor<Self>>)],
+        products: GgmlProducts,
     ) -> Option<Vec<FloatTensor<Self>>> {
-        let _ = (x, weights);
+        let _ = (x, weights, products);
         None
     }
 

@@ -52,7 +52,6 @@ mod cube;
 mod error;
 mod flash;
 mod fused;
-pub mod ggml;
 mod kernel;
 mod kv_cache;
 mod manual;
@@ -61,13 +60,11 @@ mod ops;
 mod options;
 mod paged;
 mod portable;
+mod products;
 mod rope;
 
 pub use backend::EmberBackend;
-pub use cpu::{
-    exact_ggml_products, integer_prompt_products, kernel_threads, set_exact_ggml_products,
-    with_kernel_threads,
-};
+pub use cpu::{kernel_threads, with_kernel_threads};
 pub use error::AttentionError;
 pub use flash::{FlashBlocks, FlashConfig, flash_backward, flash_forward};
 pub use kernel::{AttentionKernel, attention, check_shapes, flash_attention};
@@ -78,4 +75,5 @@ pub use ops::{
 };
 pub use options::{AttentionOptions, MaskSpec};
 pub use paged::{PagedConfig, PagedRows, paged_attention};
+pub use products::GgmlProducts;
 pub use rope::{Rope, RopeCache, RopeConfig, RopeLayout, RopeScaling};

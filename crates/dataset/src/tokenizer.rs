@@ -42,6 +42,12 @@ impl TokenizerEncoder {
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
     }
+
+    /// The wrapped tokenizer, back from an encoder that is done: a caller that prepares a corpus and then trains
+    /// with the same tokenizer keeps the one it loaded instead of cloning its vocabulary.
+    pub fn into_tokenizer(self) -> Tokenizer {
+        self.tokenizer
+    }
 }
 
 /// How much of a tokenizer file [`fingerprint_path`] hashes: 256 MiB, above any tokenizer file and any GGUF

@@ -1,5 +1,7 @@
 //! Errors of generation.
 
+use std::sync::Arc;
+
 use ember_model::ModelError;
 
 /// Why text could not be generated.
@@ -53,6 +55,11 @@ pub enum InferenceError {
     /// The backend could not hand results back.
     #[error("backend: {0}")]
     Backend(String),
+    /// A batched model step failed, and with it every request of the batch. Each one gets this same error,
+    /// shared, so its kind (an input the model refused, a full KV pool, a backend failure) reaches every client
+    /// intact: match [`root`](Self::root) for it. Displays as the step's error.
+    #[error(transparent)]
+    Step(Arc<InferenceError>),
     /// Generation returned no row for a prompt it was given (a bug, reported instead of a panic).
     #[error("generation returned no output for the conversation")]
     NoOutput,
@@ -81,4 +88,15 @@ pub enum InferenceError {
     /// A chat template failed to parse or render.
     #[error("chat template: {0}")]
     Template(String),
+}
+
+impl InferenceError {
+    /// The error to match for the kind: the one a failed batch step shared out ([`InferenceError::Step`]), or
+    /// this one.
+    pub fn root(&self) -> &InferenceError {
+        match self {
+            Self::Step(step) => step.root(),
+            other => other,
+        }
+    }
 }

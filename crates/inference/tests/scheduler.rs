@@ -2,8 +2,9 @@
 //! full pool or cancelled by their client produce what each produces run alone, and free their blocks.
 
 mod common;
+mod hooked;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::tiny;
@@ -12,6 +13,8 @@ use ember_inference::{
     Completion, FinishReason, GenerationConfig, InferenceError, KvCacheKind, Request, RequestSink,
     Scheduler, SchedulerConfig, TokenLogprob, generate,
 };
+use ember_model::ModelError;
+use hooked::Hooked;
 
 /// One position of the tiny model's cache: 2 layers x 2 KV heads x (8 + 8) f32.
 const TOKEN_BYTES: usize = 256;
@@ -442,6 +445,59 @@ fn requests_that_cannot_run_fail_at_submission_with_the_reason() {
         (0, FinishReason::Length)
     );
     assert!(scheduler.is_idle());
+}
+
+/// Every request of a failed step gets the model's own error, reachable as the error's source, rather than its
+/// message in a generic backend error: a client can still tell a refused input from a server fault.
+#[test]
+fn a_failed_step_fails_every_request_of_its_batch_with_the_models_error() {
+    // Step 0 prefills both two-token prompts at once (4 tokens of the 5-token chunk); step 1 decodes both.
+    for fail_at in [0, 1] {
+        // The model refusing its input, as a model past its positions does.
+        let steps = AtomicUsize::new(0);
+        let lm = Hooked {
+            inner: tiny(KvCacheKind::paged()),
+            before_step: |_: &[Vec<u32>]| {
+                if steps.fetch_add(1, Ordering::Relaxed) == fail_at {
+                    return Err(InferenceError::Model(ModelError::ContextOverflow {
+                        len: 49,
+                        context_length: 48,
+                    }));
+                }
+                Ok(())
+            },
+        };
+        let config = SchedulerConfig {
+            max_cached_prefixes: 0,
+            ..config(4, 4, 48 * 8)
+        };
+        let mut scheduler = Scheduler::new(&lm, None, config).unwrap();
+        let handles = [
+            submit(&mut scheduler, &[1, 2], 5),
+            submit(&mut scheduler, &[3, 4], 5),
+        ];
+        run_to_end(&mut scheduler);
+        for handle in &handles {
+            let received = handle.received.lock().unwrap();
+            let Some(Err(error)) = &received.result else {
+                panic!("step {fail_at} failed, yet a request of its batch did not");
+            };
+            let source =
+                std::error::Error::source(error).and_then(|e| e.downcast_ref::<ModelError>());
+            assert!(
+                matches!(
+                    source,
+                    Some(ModelError::ContextOverflow {
+                        len: 49,
+                        context_length: 48
+                    })
+                ),
+                "step {fail_at}: {error:?}"
+            );
+        }
+        assert_eq!(scheduler.stats().failed, 2, "step {fail_at}");
+        assert_eq!(scheduler.stats().used_blocks, 0, "step {fail_at}");
+    }
 }
 
 /// Random schedules (pool sizes, batch limits, chunk and block sizes, arrival times, cancellations, prefix cache on

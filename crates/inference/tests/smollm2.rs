@@ -8,6 +8,7 @@ use ember_inference::sampling::SamplingConfig;
 use ember_inference::{
     Decoder, GenerationConfig, Message, ModelAssets, TransformerLm, WeightFormat, generate,
 };
+use ember_model::GgmlProducts;
 use ember_model::gguf::GgufFile;
 use ember_model::nn::Embedding;
 use serde_json::Value;
@@ -137,20 +138,25 @@ fn smollm2_keeps_its_gguf_quantization_with_the_same_answers() {
     // Q4_1 holds 32 weights in 20 bytes and Q8_0 in 34, as in the file.
     assert!(bytes * 5 < f32_bytes, "{bytes} of {f32_bytes}");
 
+    // Two models over the same blocks, each with its own arithmetic (the setting is the model's).
+    let exact_lm = TransformerLm::new(
+        model.clone().with_ggml_products(GgmlProducts::Exact),
+        device,
+    );
     let lm = TransformerLm::new(model, device);
     // Exact, the logits are transformers' up to summation order (1e-2, as the f32 load). On the integer path
     // the 8-bit activations move them: where the prompt's products stay exact, the head's alone (the decode
     // kernel) by 0.19, held to 0.5; where the CPU has AVX-512 VNNI, every product's (the prompt's integer
     // tiles too) by 1.11, as llama.cpp's own run of this file and prompt (integer products throughout) is 1.24
     // from transformers', held to 1.5.
-    let integer_bound = if ember_attention::integer_prompt_products() {
+    let integer_bound = if GgmlProducts::Integer.integer_prompts() {
         1.5
     } else {
         0.5
     };
     let mut prompt_logits = Vec::new();
     for (exact, bound) in [(true, 1e-2), (false, integer_bound)] {
-        ember_attention::set_exact_ggml_products(exact);
+        let lm = if exact { &exact_lm } else { &lm };
         let mut state = lm.new_state(1).unwrap();
         let logits = lm
             .step(
@@ -160,7 +166,6 @@ fn smollm2_keeps_its_gguf_quantization_with_the_same_answers() {
             )
             .unwrap()
             .remove(0);
-        ember_attention::set_exact_ggml_products(false);
         let worst = ids(&want["logit_ids"])
             .iter()
             .zip(want["logits"].as_array().unwrap())
@@ -179,9 +184,8 @@ fn smollm2_keeps_its_gguf_quantization_with_the_same_answers() {
         ..GenerationConfig::default()
     };
     let greedy = ids(&want["greedy_ids"]);
-    ember_attention::set_exact_ggml_products(true);
     let out = generate(
-        &lm,
+        &exact_lm,
         None,
         std::slice::from_ref(&chat_ids),
         &config,
@@ -189,7 +193,6 @@ fn smollm2_keeps_its_gguf_quantization_with_the_same_answers() {
     )
     .unwrap()
     .remove(0);
-    ember_attention::set_exact_ggml_products(false);
     assert_eq!(out.ids, greedy, "the exact path answers as transformers");
     // The integer path may pick another token only where the exact logits nearly tie: within twice its bound
     // above. (Seen: this prompt's first token is such a tie, 504 at 25.33 against 60 at 25.24, and the

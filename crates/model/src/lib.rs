@@ -15,7 +15,9 @@ pub mod tensors;
 mod transformer;
 pub mod weights;
 
-pub use ember_attention::{AttentionKernel, EmberBackend, RopeConfig, RopeLayout, RopeScaling};
+pub use ember_attention::{
+    AttentionKernel, EmberBackend, GgmlProducts, RopeConfig, RopeLayout, RopeScaling,
+};
 pub use ember_optimization::QuantScheme;
 pub use error::{ModelError, Result};
 pub use load::{Loaded, ModelDir, load};

@@ -1,5 +1,8 @@
 //! Saving in the Hugging Face layout (`config.json` + `model.safetensors` with the family's tensor names), so
 //! `transformers` loads what ember trains.
+//!
+//! The family writes its `config.json` and parses it back (`hf_config`): a spec that does not come back equal is
+//! `ModelError::Unsaveable`, naming the field, so a knob a family cannot write is never dropped silently.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -16,7 +19,7 @@ use crate::weights::SINGLE_FILE;
 /// One checkpoint tensor being assembled from the canonical tensors that map into it.
 struct Stored {
     source: TensorSource,
-    /// Canonical-orientation data; fused tensors are filled piece by piece.
+    /// Canonical-orientation data; stacked tensors are filled piece by piece.
     data: Vec<f32>,
     rows_written: usize,
 }

@@ -7,7 +7,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{
     Bool, DType, ElementConversion, FloatDType, Int, Tensor, TensorData, module::embedding,
 };
-use ember_attention::{AttentionKernel, EmberBackend, KvCache, Rope, RopeCache};
+use ember_attention::{AttentionKernel, EmberBackend, GgmlProducts, KvCache, Rope, RopeCache};
 use ember_optimization::{GgmlLinear, PackedWeight, QuantizedLinear};
 
 use crate::error::{ModelError, Result};
@@ -37,6 +37,10 @@ pub struct Transformer<B: Backend> {
     spec: ModelSpec,
     #[module(skip)]
     kernel: AttentionKernel,
+    /// The arithmetic of the layers kept as ggml blocks, which each of them carries (see
+    /// [`with_ggml_products`](Self::with_ggml_products)).
+    #[module(skip)]
+    ggml_products: GgmlProducts,
     /// RoPE tables for the context window, built on the first forward call on a device and reused.
     #[module(skip)]
     rope: RopeCache,
@@ -282,6 +286,7 @@ impl<B: EmberBackend> Transformer<B> {
             lm_head,
             spec: spec.clone(),
             kernel: AttentionKernel::default(),
+            ggml_products: GgmlProducts::default(),
             rope: RopeCache::new(),
             local_rope: RopeCache::new(),
             compute_dtype: None,
@@ -317,6 +322,27 @@ impl<B: EmberBackend> Transformer<B> {
     /// The same model computing attention with `kernel`.
     pub fn with_kernel(mut self, kernel: AttentionKernel) -> Self {
         self.kernel = kernel;
+        self
+    }
+
+    /// How the layers kept as ggml blocks multiply (default: [`GgmlProducts::Integer`], as llama.cpp does).
+    pub fn ggml_products(&self) -> GgmlProducts {
+        self.ggml_products
+    }
+
+    /// The same model multiplying its layers kept as ggml blocks (projections, LM head, a tied embedding's
+    /// projection) in `products`' arithmetic. Other models in the process keep theirs.
+    pub fn with_ggml_products(mut self, products: GgmlProducts) -> Self {
+        self.ggml_products = products;
+        for block in &mut self.layers {
+            for (_, linear) in block.linears_mut() {
+                linear.set_ggml_products(products);
+            }
+        }
+        if let Some(head) = &mut self.lm_head {
+            head.set_ggml_products(products);
+        }
+        self.embed.set_ggml_products(products);
         self
     }
 

@@ -1,12 +1,14 @@
 //! Hostile and broken `config.json` values are errors naming the file and key, before anything is sized by
 //! them: no abort on a huge layer count or context, no NaN logits from a bad norm eps, no silently dropped
-//! `rope_scaling`. Each case edits one parity fixture's config; some were found by `fuzz_config.rs`.
+//! `rope_scaling`. Each case edits one parity fixture's config (or, for the norm eps, the GGUF metadata a config
+//! is made from); some were found by `fuzz_config.rs`.
 
 mod common;
 
 use std::path::Path;
 
 use common::fixture;
+use ember_model::gguf::{self, GgufFile};
 use ember_model::spec::{MAX_LAYERS, MAX_MODEL_BYTES, MAX_SIZE};
 use ember_model::{ModelDir, ModelSpec, Positions, RopeScaling, arch};
 use serde_json::{Value, json};
@@ -98,6 +100,136 @@ fn a_bad_norm_eps_is_an_error_not_nan_logits() {
         let c = edited(name, |c| c[key] = json!("NaN"));
         assert_rejected(&c, &[key]);
     }
+}
+
+/// Every family's norm eps key in `config.json`, with a fixture of the family.
+const NORM_EPS_KEYS: [(&str, &str); 10] = [
+    ("llama3", "rms_norm_eps"),
+    ("mistral", "rms_norm_eps"),
+    ("qwen2", "rms_norm_eps"),
+    ("qwen3", "rms_norm_eps"),
+    ("phi3", "rms_norm_eps"),
+    ("gemma2", "rms_norm_eps"),
+    ("gemma3", "rms_norm_eps"),
+    ("gpt2", "layer_norm_epsilon"),
+    ("gpt_neo", "layer_norm_epsilon"),
+    ("gpt_neox", "layer_norm_eps"),
+];
+
+const EPS_EXPECTED: &str = "expected a positive number that f32 can hold";
+
+#[test]
+fn every_familys_norm_eps_key_refuses_what_is_not_a_usable_number() {
+    // `null` is what a NaN becomes in a JSON value (JSON has none); families whose key may be absent used to read
+    // it as absent and run with their default.
+    let values = [
+        Value::Null,
+        json!("NaN"),
+        json!(-1e-5),
+        json!(0.0),
+        json!(1e-60),
+        json!(1e60),
+    ];
+    for (name, key) in NORM_EPS_KEYS {
+        for value in &values {
+            let c = edited(name, |c| c[key] = value.clone());
+            assert_rejected(&c, &[&format!("`{key}` is {value}"), EPS_EXPECTED]);
+        }
+    }
+}
+
+#[test]
+fn python_nan_and_infinity_in_a_config_file_name_the_key() {
+    // Python's json module, and so transformers' `save_pretrained`, writes non-finite floats as these bare words.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    for (name, key) in NORM_EPS_KEYS {
+        for literal in ["NaN", "Infinity", "-Infinity"] {
+            let c = edited(name, |c| c[key] = json!("placeholder"));
+            let text = serde_json::to_string_pretty(&c)
+                .unwrap()
+                .replace("\"placeholder\"", literal);
+            std::fs::write(&path, text).unwrap();
+            let msg = arch::read_config(&path).err().unwrap().to_string();
+            for needle in [
+                "config.json",
+                &format!("`{key}` is {literal},"),
+                EPS_EXPECTED,
+            ] {
+                assert!(msg.contains(needle), "{msg} should mention {needle}");
+            }
+        }
+    }
+    // Another key gets the same name, with what it holds.
+    std::fs::write(
+        &path,
+        r#"{"architectures": ["LlamaForCausalLM"], "rope_theta": NaN}"#,
+    )
+    .unwrap();
+    let msg = arch::read_config(&path).err().unwrap().to_string();
+    assert!(
+        msg.contains("`rope_theta` is NaN") && msg.contains("a finite number"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn every_gguf_familys_norm_eps_key_refuses_nan_infinity_and_negatives() {
+    // A NaN used to become JSON `null` on the way to the config, which the LLaMA lineage read as absent: the
+    // file loaded with the default eps.
+    let dir = tempfile::tempdir().unwrap();
+    for (name, key) in [
+        ("llama", "llama.attention.layer_norm_rms_epsilon"),
+        ("mistral", "llama.attention.layer_norm_rms_epsilon"),
+        ("qwen2", "qwen2.attention.layer_norm_rms_epsilon"),
+        ("qwen3", "qwen3.attention.layer_norm_rms_epsilon"),
+        ("phi3", "phi3.attention.layer_norm_rms_epsilon"),
+        ("gemma2", "gemma2.attention.layer_norm_rms_epsilon"),
+        ("gemma3", "gemma3.attention.layer_norm_rms_epsilon"),
+        ("gpt2", "gpt2.attention.layer_norm_epsilon"),
+        ("gpt_neox", "gptneox.attention.layer_norm_epsilon"),
+    ] {
+        let original =
+            std::fs::read(fixture("gguf_families").join(format!("{name}.gguf.bin"))).unwrap();
+        for (eps, shown) in [
+            (f32::NAN, "NaN"),
+            (f32::INFINITY, "inf"),
+            (f32::NEG_INFINITY, "-inf"),
+            (-1e-5, "-1e-5"),
+            (0.0, "0e0"),
+        ] {
+            let path = dir.path().join(format!("{name}.gguf"));
+            std::fs::write(&path, with_f32(&original, key, eps)).unwrap();
+            let msg = gguf::model_spec(&GgufFile::open(&path).unwrap())
+                .err()
+                .unwrap_or_else(|| panic!("{name} with {key} = {eps} loaded"))
+                .to_string();
+            for needle in [
+                &format!("{name}.gguf"),
+                &format!("`{key}`"),
+                EPS_EXPECTED,
+                &format!("found {shown}"),
+            ] {
+                assert!(msg.contains(needle), "{msg} should mention {needle}");
+            }
+        }
+    }
+}
+
+/// `file` with its f32 metadata value `key` set to `value`. A key is stored as its length, its bytes, the value
+/// type (6 for f32) and the value.
+fn with_f32(file: &[u8], key: &str, value: f32) -> Vec<u8> {
+    let mut named = (key.len() as u64).to_le_bytes().to_vec();
+    named.extend_from_slice(key.as_bytes());
+    let at = file
+        .windows(named.len())
+        .position(|w| w == named)
+        .unwrap_or_else(|| panic!("no key {key}"))
+        + named.len();
+    assert_eq!(file[at..at + 4], 6u32.to_le_bytes(), "{key} is not an f32");
+    let mut edited = file.to_vec();
+    edited[at + 4..at + 8].copy_from_slice(&value.to_le_bytes());
+    edited
 }
 
 #[test]

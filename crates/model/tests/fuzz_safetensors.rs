@@ -73,7 +73,7 @@ fn fuzz_llama_checkpoint() {
 
 #[test]
 fn fuzz_gpt2_checkpoint() {
-    // GPT-2 stores its matrices transposed (Conv1D) and splits the fused QKV: other code paths than LLaMA's.
+    // GPT-2 stores its matrices transposed (Conv1D) and splits the stacked QKV: other code paths than LLaMA's.
     fuzz(&fixture("gpt2"), "model.safetensors", DEFAULT_CASES / 2);
 }
 

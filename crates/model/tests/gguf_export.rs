@@ -89,7 +89,7 @@ fn f32_files_load_back_as_the_same_model_with_the_same_tokenizer() {
             "{name}: tokenizer keys"
         );
         // The same f32 values in the same layout, multiplied in the same order: exactly equal. A wrong
-        // permutation, fused slice or missing bias differs by far more than rounding.
+        // permutation, stacked slice or missing bias differs by far more than rounding.
         let (ids, _) = expected(name);
         let diff = max_abs_diff(&logits(&written, &ids), &logits(&original, &ids));
         assert_eq!(diff, 0.0, "{name}: logits of the written file");

@@ -8,6 +8,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::{B, floats, max_abs_diff, tokens};
+use ember_model::GgmlProducts;
 use ember_model::gguf::{self, GgufFile};
 use safetensors::SafeTensors;
 
@@ -32,7 +33,7 @@ const FIXTURES: [(&str, &str); 13] = [
 
 /// f32 on both sides from the same stored values (the Q8_0 file: the same dequantized blocks, which ember's
 /// dequantizer reproduces bit for bit); only the summation order differs, so as for the safetensors parity
-/// fixtures 1e-4 bounds rounding while a wrong permutation, fused slice or norm offset is > 1e-1.
+/// fixtures 1e-4 bounds rounding while a wrong permutation, stacked slice or norm offset is > 1e-1.
 const LOGIT_TOLERANCE: f32 = 1e-4;
 
 fn path(name: &str, ext: &str) -> PathBuf {
@@ -115,14 +116,19 @@ fn a_q8_0_file_kept_packed_gives_the_dequantized_logits() {
     );
     let scale = exp.logits.iter().fold(0f32, |m, v| m.max(v.abs()));
     for exact in [true, false] {
-        ember_attention::set_exact_ggml_products(exact);
+        let products = if exact {
+            GgmlProducts::Exact
+        } else {
+            GgmlProducts::Integer
+        };
         let got = model
+            .clone()
+            .with_ggml_products(products)
             .forward(tokens(&exp.tokens))
             .unwrap()
             .into_data()
             .into_vec::<f32>()
             .unwrap();
-        ember_attention::set_exact_ggml_products(false);
         let diff = max_abs_diff(&got, &exp.logits);
         // Exact, the packed Q8_0 products accumulate the same dequantized values in another order: the same 1e-4
         // holds, and so it does on the default products where this 24-token prompt takes the exact tiles. On
@@ -130,7 +136,7 @@ fn a_q8_0_file_kept_packed_gives_the_dequantized_logits() {
         // that moved these logits by 0.38 of 6.8 (5.6%; random weights make no small outputs cancel, as
         // crates/model/tests/gguf_packed.rs finds too), held to 10% of the largest logit, while a wrong block or
         // row is off by the logits' own size.
-        let bound = if exact || !ember_attention::integer_prompt_products() {
+        let bound = if !products.integer_prompts() {
             LOGIT_TOLERANCE
         } else {
             0.1 * scale

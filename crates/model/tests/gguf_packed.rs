@@ -12,6 +12,7 @@ mod common;
 mod gguf_writer;
 
 use common::{B, max_abs_diff, tokens};
+use ember_model::GgmlProducts;
 use ember_model::gguf::{self, GgmlType, GgufFile};
 use ember_model::nn::{Embedding, Linear};
 use gguf_writer::{Tensor, Value, f16_bits, f16_bytes, f32_bytes, values};
@@ -186,24 +187,28 @@ fn a_gguf_of_every_block_type_kept_packed_gives_the_dequantized_logits() {
     // relative per layer, so 1e-4 of the largest logit (about 140 here; seen: 4e-5 absolute on 3 tokens, 0 on
     // 20, where the tiles meet the same gemm as the dense weights) leaves a wide margin, while rows left permuted
     // are off by 79. The default integer decode path rounds every activation to 8 bits (at most half a step of
-    // max |x| / 127 per 32 values, crates/attention's int_dot tests bound it per product); through two random
+    // max |x| / 127 per 32 values, crates/attention's ggml decode tests bound it per product); through two random
     // layers that moved the logits by up to 1.5 of 140 here (random weights make no small outputs cancel), so 3%
     // of the largest logit (4.2) bounds it with room and still sees a permuted row (79). 20 tokens on the default
     // path take the integer prompt kernel where the CPU has AVX-512 VNNI (the same rounding, the same bound),
     // else the exact tiles.
+    let logits = |model: &ember_model::Transformer<B>, ids: &[u32]| {
+        model
+            .forward(tokens(ids))
+            .unwrap()
+            .into_data()
+            .into_vec::<f32>()
+            .unwrap()
+    };
     for (len, exact) in [(3, true), (20, true), (3, false), (20, false)] {
-        ember_attention::set_exact_ggml_products(exact);
-        let ids: Vec<u32> = (0..len).map(|i| (i * 7 + 3) % VOCAB as u32).collect();
-        let logits = |model: &ember_model::Transformer<B>| {
-            model
-                .forward(tokens(&ids))
-                .unwrap()
-                .into_data()
-                .into_vec::<f32>()
-                .unwrap()
+        let products = if exact {
+            GgmlProducts::Exact
+        } else {
+            GgmlProducts::Integer
         };
-        let (got, want) = (logits(&packed), logits(&dense));
-        ember_attention::set_exact_ggml_products(false);
+        let packed = packed.clone().with_ggml_products(products);
+        let ids: Vec<u32> = (0..len).map(|i| (i * 7 + 3) % VOCAB as u32).collect();
+        let (got, want) = (logits(&packed, &ids), logits(&dense, &ids));
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
         let diff = max_abs_diff(&got, &want);
         let bound = if exact { 1e-4 } else { 3e-2 };
@@ -212,4 +217,24 @@ fn a_gguf_of_every_block_type_kept_packed_gives_the_dequantized_logits() {
             "{len} tokens (exact: {exact}): max |packed - dequantized| = {diff}, logits up to {scale}"
         );
     }
+
+    // The setting is each model's, not the process's: an exact and an integer copy of one model, alive
+    // together and run in turns, each keep their own arithmetic (the integer copy's 8-bit activations move its
+    // logits; the exact copy repeats itself bit for bit).
+    let exact = packed.clone().with_ggml_products(GgmlProducts::Exact);
+    let integer = packed.with_ggml_products(GgmlProducts::Integer);
+    assert_eq!(exact.ggml_products(), GgmlProducts::Exact);
+    let ids = [3, 10, 17];
+    let (first, other, again) = (
+        logits(&exact, &ids),
+        logits(&integer, &ids),
+        logits(&exact, &ids),
+    );
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&first),
+        bits(&again),
+        "the exact copy kept its setting"
+    );
+    assert_ne!(bits(&first), bits(&other), "the integer copy kept its own");
 }

@@ -71,7 +71,7 @@ fn random_adapter(model: &Transformer<B>, settings: &LoraSettings, scale: f32) -
 }
 
 #[test]
-fn targets_are_the_familys_module_names_and_fused_projections_are_refused() {
+fn targets_are_the_familys_module_names_and_stacked_projections_are_refused() {
     let llama = load::<B>("llama3");
     let all = lora::adaptable_modules(llama.spec()).unwrap();
     // 2 layers × (q, k, v, o, gate, up, down).

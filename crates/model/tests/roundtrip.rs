@@ -84,7 +84,7 @@ fn loaded_checkpoints_save_back_under_their_own_names_and_reload_identically() {
         let model = load::<B>(&fixture(name), &device, None).unwrap().model;
         let tmp = tempfile::tempdir().unwrap();
         save(&model, tmp.path()).unwrap_or_else(|e| panic!("{name}: {e}"));
-        // Fused tensors (Phi-3 qkv/gate_up, GPT-2 c_attn, NeoX query_key_value) are reassembled under the
+        // Stacked tensors (Phi-3 qkv/gate_up, GPT-2 c_attn, NeoX query_key_value) are reassembled under the
         // original names, so the saved tensor set equals transformers' own.
         let original: Vec<String> = Checkpoint::open(&fixture(name))
             .unwrap()

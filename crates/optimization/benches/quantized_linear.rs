@@ -14,7 +14,8 @@ use std::time::Duration;
 use burn::backend::Flex;
 use burn::tensor::{Distribution, Tensor};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use ember_attention::ggml::GgmlType;
+use ember_attention::GgmlProducts;
+use ember_ggml::GgmlType;
 use ember_optimization::{GgmlLinear, GgmlWeight, QuantScheme, QuantizedLinear};
 
 type B = Flex;
@@ -79,17 +80,19 @@ fn bench(c: &mut Criterion) {
             if !in_features.is_multiple_of(block_len) {
                 continue;
             }
-            let layer = GgmlLinear::<B>::new(
+            let mut layer = GgmlLinear::<B>::new(
                 random_blocks(ty, [out_features, in_features]),
                 None,
                 &device,
             )
             .expect("whole blocks");
-            for (path, exact) in [("ggml", false), ("ggml-exact", true)] {
+            for (path, products) in [
+                ("ggml", GgmlProducts::Integer),
+                ("ggml-exact", GgmlProducts::Exact),
+            ] {
+                layer.set_products(products);
                 group.bench_with_input(BenchmarkId::new(path, ty), &layer, |b, layer| {
-                    ember_attention::set_exact_ggml_products(exact);
                     b.iter(|| layer.forward(x.clone()).into_data());
-                    ember_attention::set_exact_ggml_products(false);
                 });
             }
         }

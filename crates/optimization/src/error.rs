@@ -69,7 +69,7 @@ pub enum QuantError {
         reason: String,
     },
     /// ggml block bytes that are not a `[rows, cols]` matrix of their type (see
-    /// [`ember_attention::ggml::GgmlMatrix::new`]).
+    /// [`ember_ggml::GgmlMatrix::new`]).
     #[error("ggml blocks: {reason}")]
     GgmlBlocks {
         /// What is wrong, naming the type, the shape and the expected byte length.

@@ -2,7 +2,7 @@
 //! reference (fixtures written by scripts/fixtures/ggml_quant_fixtures.py), and the checks that refuse block
 //! bytes that are not the matrix they claim to be.
 
-use ember_attention::ggml::{GgmlType, dequantize};
+use ember_ggml::{GgmlType, dequantize};
 use ember_optimization::{GgmlWeight, QuantError};
 
 /// The fixtures' shape: three rows of one K-quant super-block (eight 32-element blocks).

@@ -4,7 +4,8 @@
 
 use burn::backend::Flex;
 use burn::tensor::{Tensor, TensorData};
-use ember_attention::ggml::GgmlType;
+use ember_attention::GgmlProducts;
+use ember_ggml::GgmlType;
 use ember_optimization::{GgmlLinear, GgmlWeight};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -88,7 +89,7 @@ fn every_type_multiplies_like_the_f64_product_of_its_dequantized_weight() {
             let bias = with_bias.then_some(&bias[..]);
             let bias_tensor = bias
                 .map(|b| Tensor::<Flex, 1>::from_data(TensorData::new(b.to_vec(), [out]), &device));
-            let layer = GgmlLinear::<Flex>::new(weight.clone(), bias_tensor, &device).unwrap();
+            let mut layer = GgmlLinear::<Flex>::new(weight.clone(), bias_tensor, &device).unwrap();
             // 1 and 3 rows take the decode kernel, 17 the tiled gemm path.
             for rows in [1, 3, 17] {
                 let x: Vec<f32> = (0..rows * cols)
@@ -99,11 +100,11 @@ fn every_type_multiplies_like_the_f64_product_of_its_dequantized_weight() {
                 let (exact, scale, activation) = reference(&x, &w, bias, cols);
                 // Decode-sized inputs (up to 16 rows) take the integer path unless the exact one is chosen;
                 // prompts do too on CPUs with AVX-512 VNNI.
-                let integer = rows <= 16 || ember_attention::integer_prompt_products();
+                let integer = rows <= 16 || GgmlProducts::Integer.integer_prompts();
                 let native = layer.forward(input.clone());
-                ember_attention::set_exact_ggml_products(true);
+                layer.set_products(GgmlProducts::Exact);
                 let native_f32 = layer.forward(input.clone());
-                ember_attention::set_exact_ggml_products(false);
+                layer.set_products(GgmlProducts::Integer);
                 let paths = [
                     ("native", native, integer),
                     ("native-f32", native_f32, false),
@@ -116,7 +117,7 @@ fn every_type_multiplies_like_the_f64_product_of_its_dequantized_weight() {
                         // Any f32 summation order of `cols` products plus the bias is within
                         // `(cols + 1) * u * sum |terms|` of the exact sum (u = eps / 2, the unit roundoff);
                         // `cols * eps` leaves a factor of two. A wrong block, scale or row is off by O(|y|).
-                        // The integer path adds its activation rounding's bound (crates/attention's int_dot
+                        // The integer path adds its activation rounding's bound (crates/attention's ggml decode
                         // tests pin the path itself to f32 rounding when that rounding is zero).
                         let tolerance = cols as f64 * f64::from(f32::EPSILON) * s
                             + if integer { activation[i] } else { 0.0 };

@@ -58,6 +58,11 @@ impl ApiError {
         }
     }
 
+    /// A 500 for a request whose events stopped before its end: the worker thread died while running it.
+    pub(crate) fn worker_failed() -> Self {
+        Self::internal("the model worker failed while running this request")
+    }
+
     /// A 429: the queue is full.
     pub fn overloaded(queued: usize) -> Self {
         Self {
@@ -97,8 +102,11 @@ impl ApiError {
     }
 
     /// A failure the scheduler reported for a request: the caller's fault (400) where the request could never
-    /// run, the server's (500) otherwise. `prompt_param` names the field the prompt came from.
+    /// run, the server's (500) otherwise. `prompt_param` names the field the prompt came from. A failed batch
+    /// step is judged by the error the step failed with, whose kind the scheduler keeps for every request of
+    /// the batch.
     pub fn from_inference(error: &InferenceError, prompt_param: &str) -> Self {
+        let error = error.root();
         match error {
             InferenceError::PromptTooLong { .. } => {
                 Self::invalid(prompt_param, error.to_string()).with_code("context_length_exceeded")

@@ -14,6 +14,7 @@ mod api;
 mod engine;
 mod error;
 mod metrics;
+mod response;
 mod routes;
 mod stream;
 

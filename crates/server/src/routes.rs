@@ -1,8 +1,7 @@
-//! The HTTP routes: validation, prompt rendering and the JSON shapes of OpenAI's responses.
+//! The HTTP routes: authorization, validation, prompt rendering and submission; the JSON shapes of the responses
+//! are [`crate::response`]'s.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -12,9 +11,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use ember_inference::{
-    ChatTemplate, Completion, FinishReason, GenerationConfig, Request, TokenLogprob,
-};
+use ember_inference::{ChatTemplate, GenerationConfig, Request};
 use ember_tokenizer::Tokenizer;
 use serde_json::{Value, json};
 
@@ -22,6 +19,7 @@ use crate::api::{self, Params, Prompt};
 use crate::engine::{Engine, Event};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::response::{self, Endpoint, ResponseMeta, now};
 use crate::stream;
 
 /// The model a server serves: what the HTTP side needs to turn requests into prompt ids.
@@ -66,12 +64,6 @@ impl ServerState {
             created: now(),
         })
     }
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// The OpenAI-compatible routes over `state`.
@@ -151,36 +143,6 @@ async fn metrics(State(state): State<Arc<ServerState>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
-/// Which endpoint a response is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Endpoint {
-    Chat,
-    Completion,
-}
-
-/// What every response and chunk of one request repeats.
-#[derive(Clone, Debug)]
-pub(crate) struct ResponseMeta {
-    pub endpoint: Endpoint,
-    pub id: String,
-    pub created: u64,
-    pub model: String,
-    pub include_usage: bool,
-}
-
-fn response_id(endpoint: Endpoint) -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let prefix = match endpoint {
-        Endpoint::Chat => "chatcmpl",
-        Endpoint::Completion => "cmpl",
-    };
-    format!(
-        "{prefix}-{:x}{:06x}",
-        now(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
 fn body_error(e: BytesRejection) -> ApiError {
     ApiError {
         status: e.status(),
@@ -212,9 +174,7 @@ async fn chat_completions(
             .tokenizer
             .encode(&text)
             .map_err(|e| ApiError::internal(format!("tokenizing the prompt: {e}")))?;
-        state
-            .run(Endpoint::Chat, ids, request.params, "messages")
-            .await
+        state.run(Endpoint::Chat, ids, request.params).await
     }
     .await;
     state.respond(result)
@@ -238,9 +198,7 @@ async fn completions(
                 .map_err(|e| ApiError::internal(format!("tokenizing the prompt: {e}")))?,
             Prompt::Ids(ids) => ids,
         };
-        state
-            .run(Endpoint::Completion, ids, request.params, "prompt")
-            .await
+        state.run(Endpoint::Completion, ids, request.params).await
     }
     .await;
     state.respond(result)
@@ -277,8 +235,8 @@ impl ServerState {
         endpoint: Endpoint,
         prompt: Vec<u32>,
         params: Params,
-        prompt_param: &str,
     ) -> Result<Response, ApiError> {
+        let prompt_param = endpoint.prompt_param();
         let context = self.model.context_length;
         if prompt.is_empty() {
             return Err(ApiError::invalid(
@@ -331,17 +289,11 @@ impl ServerState {
             top_logprobs: params.top_logprobs,
         };
         let mut events = self.engine.submit(request)?;
-        let first = events.recv().await.ok_or_else(worker_gone)?;
+        let first = events.recv().await.ok_or_else(ApiError::worker_failed)?;
         if let Event::Done(Err(e)) = &first {
             return Err(ApiError::from_inference(e, prompt_param));
         }
-        let meta = ResponseMeta {
-            endpoint,
-            id: response_id(endpoint),
-            created: now(),
-            model: self.model.id.clone(),
-            include_usage: params.include_usage,
-        };
+        let meta = ResponseMeta::new(endpoint, self.model.id.clone(), params.include_usage);
         if params.stream {
             let tokenizer = self.model.tokenizer.clone();
             return Ok(stream::events(meta, first, events, tokenizer).into_response());
@@ -351,109 +303,20 @@ impl ServerState {
             match next.take() {
                 Some(Event::Token { .. }) => {}
                 Some(Event::Done(Ok(completion))) => {
-                    return Ok(Json(self.body(&meta, &completion, prompt_tokens)).into_response());
+                    let body = response::completion(
+                        &meta,
+                        &completion,
+                        prompt_tokens,
+                        &self.model.tokenizer,
+                    );
+                    return Ok(Json(body).into_response());
                 }
                 Some(Event::Done(Err(e))) => {
                     return Err(ApiError::from_inference(&e, prompt_param));
                 }
-                None => return Err(worker_gone()),
+                None => return Err(ApiError::worker_failed()),
             }
             next = events.recv().await;
-        }
-    }
-
-    /// The whole (non-streamed) response.
-    fn body(&self, meta: &ResponseMeta, c: &Completion, prompt_tokens: usize) -> Value {
-        let logprobs = c
-            .logprobs
-            .as_ref()
-            .map(|l| logprobs_json(meta.endpoint, l, &self.model.tokenizer, 0));
-        let choice = match meta.endpoint {
-            Endpoint::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": logprobs,
-                "finish_reason": finish_reason(c.finish_reason),
-            }),
-            Endpoint::Completion => json!({
-                "index": 0,
-                "text": c.text,
-                "logprobs": logprobs,
-                "finish_reason": finish_reason(c.finish_reason),
-            }),
-        };
-        json!({
-            "id": meta.id,
-            "object": match meta.endpoint {
-                Endpoint::Chat => "chat.completion",
-                Endpoint::Completion => "text_completion",
-            },
-            "created": meta.created,
-            "model": meta.model,
-            "choices": [choice],
-            "usage": usage(c, prompt_tokens),
-        })
-    }
-}
-
-fn worker_gone() -> ApiError {
-    ApiError::internal("the model worker failed while running this request")
-}
-
-/// OpenAI's `finish_reason`: an EOS token and a stop string are both `stop`.
-pub(crate) fn finish_reason(reason: FinishReason) -> &'static str {
-    match reason {
-        FinishReason::Eos | FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-    }
-}
-
-/// The `usage` object.
-pub(crate) fn usage(c: &Completion, prompt_tokens: usize) -> Value {
-    json!({
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": c.ids.len(),
-        "total_tokens": prompt_tokens + c.ids.len(),
-        "prompt_tokens_details": {"cached_tokens": c.cached_tokens},
-    })
-}
-
-/// The `logprobs` object of `logprobs` in `endpoint`'s format; a completion's `text_offset`s start at `offset`
-/// (the length of the text before these tokens, for a streamed chunk).
-pub(crate) fn logprobs_json(
-    endpoint: Endpoint,
-    logprobs: &[TokenLogprob],
-    tokenizer: &Tokenizer,
-    offset: usize,
-) -> Value {
-    let bytes = |id: u32| tokenizer.decode_bytes(&[id]).unwrap_or_default();
-    let token = |id: u32| String::from_utf8_lossy(&bytes(id)).into_owned();
-    match endpoint {
-        Endpoint::Chat => json!({
-            "content": logprobs.iter().map(|l| json!({
-                "token": token(l.id),
-                "logprob": l.logprob,
-                "bytes": bytes(l.id),
-                "top_logprobs": l.top.iter().map(|&(id, lp)| json!({
-                    "token": token(id), "logprob": lp, "bytes": bytes(id),
-                })).collect::<Vec<_>>(),
-            })).collect::<Vec<_>>(),
-        }),
-        Endpoint::Completion => {
-            let mut offset = offset;
-            let mut offsets = Vec::with_capacity(logprobs.len());
-            for l in logprobs {
-                offsets.push(offset);
-                offset += token(l.id).len();
-            }
-            json!({
-                "tokens": logprobs.iter().map(|l| token(l.id)).collect::<Vec<_>>(),
-                "token_logprobs": logprobs.iter().map(|l| l.logprob).collect::<Vec<_>>(),
-                "top_logprobs": logprobs.iter().map(|l| l.top.iter()
-                    .map(|&(id, lp)| (token(id), json!(lp)))
-                    .collect::<serde_json::Map<_, _>>()).collect::<Vec<_>>(),
-                "text_offset": offsets,
-            })
         }
     }
 }

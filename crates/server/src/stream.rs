@@ -17,7 +17,7 @@ use ember_tokenizer::Tokenizer;
 
 use crate::engine::Event;
 use crate::error::ApiError;
-use crate::routes::{Endpoint, ResponseMeta, finish_reason, logprobs_json, usage};
+use crate::response::{self, Endpoint, ResponseMeta, finish_reason, logprobs_json, usage};
 
 struct State {
     meta: ResponseMeta,
@@ -42,39 +42,12 @@ impl State {
             logprobs_json(self.meta.endpoint, &held, &self.tokenizer, self.sent)
         };
         self.sent += delta_text.map_or(0, str::len);
-        let choice = match self.meta.endpoint {
-            Endpoint::Chat => {
-                let mut delta = serde_json::Map::new();
-                if role {
-                    delta.insert("role".into(), json!("assistant"));
-                }
-                if let Some(text) = delta_text {
-                    delta.insert("content".into(), json!(text));
-                }
-                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
-            }
-            Endpoint::Completion => json!({
-                "index": 0, "text": delta_text.unwrap_or(""), "logprobs": logprobs, "finish_reason": finish,
-            }),
-        };
+        let choice = response::chunk_choice(self.meta.endpoint, delta_text, role, logprobs, finish);
         self.data(json!([choice]), None)
     }
 
     fn data(&self, choices: Value, usage: Option<Value>) -> SseEvent {
-        let mut body = json!({
-            "id": self.meta.id,
-            "object": match self.meta.endpoint {
-                Endpoint::Chat => "chat.completion.chunk",
-                Endpoint::Completion => "text_completion",
-            },
-            "created": self.meta.created,
-            "model": self.meta.model,
-            "choices": choices,
-        });
-        if let Some(usage) = usage {
-            body["usage"] = usage;
-        }
-        SseEvent::default().data(body.to_string())
+        SseEvent::default().data(response::chunk(&self.meta, choices, usage).to_string())
     }
 
     /// Turns the next event of the request into chunks.
@@ -97,14 +70,13 @@ impl State {
                 self.end();
             }
             Some(Event::Done(Err(e))) => {
-                let error = ApiError::from_inference(&e, "messages");
+                let error = ApiError::from_inference(&e, self.meta.endpoint.prompt_param());
                 self.out
                     .push_back(SseEvent::default().data(error.body().to_string()));
                 self.end();
             }
             None => {
-                let error =
-                    ApiError::internal("the model worker failed while running this request");
+                let error = ApiError::worker_failed();
                 self.out
                     .push_back(SseEvent::default().data(error.body().to_string()));
                 self.end();

@@ -3,177 +3,24 @@
 //! CPU backend. Greedy outputs are compared with `ember_inference::generate` run on the same prompt alone, which
 //! is what `ember generate --chat --temperature 0` runs.
 
-use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+mod common;
+#[path = "../../inference/tests/hooked/mod.rs"]
+mod hooked;
 
-use axum::Router;
+use std::sync::{Arc, Condvar, Mutex};
+
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
-use burn::backend::Flex;
-use ember_inference::sampling::SamplingConfig;
-use ember_inference::{
-    GenerationConfig, InferenceError, Message, ModelAssets, PooledDecoder, SchedulerConfig,
-    TransformerLm, generate,
+use common::{
+    chat_body, default_server, generate_alone, load, server, unstarted_server,
+    unstarted_server_over, wait_for,
 };
-use ember_optimization::{PagedKvPool, SeqId};
-use ember_server::{Engine, Metrics, ServedModel, ServerState, router};
+use ember_inference::{InferenceError, Message, SchedulerConfig};
+use ember_model::ModelError;
+use hooked::Hooked;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
-
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../model/tests/fixtures/gguf_families/llama.gguf.bin")
-}
-
-fn load() -> (ModelAssets, TransformerLm<Flex>) {
-    let assets = ModelAssets::open(&fixture()).unwrap();
-    let device = Default::default();
-    let model = assets.load::<Flex>(&device, None).unwrap();
-    (assets, TransformerLm::new(model, device))
-}
-
-struct Server {
-    router: Router,
-}
-
-fn server(config: SchedulerConfig, max_queue: usize, api_key: Option<&str>) -> Server {
-    let (server, start) = unstarted_server(config, max_queue, api_key);
-    start();
-    server
-}
-
-/// A server whose model worker starts when the returned closure is called: until then every request it accepts
-/// stays queued.
-fn unstarted_server(
-    config: SchedulerConfig,
-    max_queue: usize,
-    api_key: Option<&str>,
-) -> (Server, impl FnOnce()) {
-    unstarted_server_over(config, max_queue, api_key, |lm| lm)
-}
-
-/// [`unstarted_server`] whose worker runs the model `wrap` makes of the tiny one.
-fn unstarted_server_over<M: PooledDecoder + 'static>(
-    config: SchedulerConfig,
-    max_queue: usize,
-    api_key: Option<&str>,
-    wrap: impl FnOnce(TransformerLm<Flex>) -> M + Send + 'static,
-) -> (Server, impl FnOnce()) {
-    let (mut assets, _) = load();
-    let metrics = Arc::new(Metrics::default());
-    let (engine, worker) = Engine::new(max_queue, metrics.clone());
-    let served = ServedModel {
-        id: "tiny".into(),
-        tokenizer: Arc::new(assets.tokenizer.take().unwrap()),
-        chat_template: assets.chat_template.take(),
-        eos: assets.eos.clone(),
-        context_length: assets.spec.context_length,
-        block_size: config.block_size,
-    };
-    // The worker owns its own copy of the model, as `ember serve`'s main thread does; it stops when the router
-    // (and with it the engine) is dropped at the end of the test.
-    let start = move || {
-        std::thread::spawn(move || {
-            let (assets, lm) = load();
-            worker
-                .run(&wrap(lm), assets.tokenizer.as_ref(), config)
-                .unwrap();
-        });
-    };
-    let state = ServerState::new(served, engine, metrics, api_key.map(String::from));
-    (
-        Server {
-            router: router(state),
-        },
-        start,
-    )
-}
-
-fn default_server() -> Server {
-    server(
-        SchedulerConfig {
-            block_size: 4,
-            kv_budget_bytes: 64 << 20,
-            ..SchedulerConfig::default()
-        },
-        64,
-        None,
-    )
-}
-
-impl Server {
-    async fn send(&self, request: Request<Body>) -> (StatusCode, String) {
-        let response = self.router.clone().oneshot(request).await.unwrap();
-        let status = response.status();
-        let bytes = response.into_body().collect().await.unwrap().to_bytes();
-        (status, String::from_utf8(bytes.to_vec()).unwrap())
-    }
-
-    async fn post(&self, path: &str, body: &str) -> (StatusCode, String) {
-        self.send(
-            Request::post(path)
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(Body::from(body.to_string()))
-                .unwrap(),
-        )
-        .await
-    }
-
-    async fn post_json(&self, path: &str, body: Value) -> (StatusCode, Value) {
-        let (status, text) = self.post(path, &body.to_string()).await;
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")),
-        )
-    }
-
-    async fn get(&self, path: &str) -> (StatusCode, String) {
-        self.send(Request::get(path).body(Body::empty()).unwrap())
-            .await
-    }
-
-    async fn metric(&self, name: &str) -> f64 {
-        let (_, text) = self.get("/metrics").await;
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
-    }
-}
-
-/// What `ember generate --chat --temperature 0` produces for `messages`: the same template, tokenizer and EOS ids,
-/// batch generation on a contiguous cache.
-fn generate_alone(messages: &[Message], max_new_tokens: usize) -> (String, usize, &'static str) {
-    let (assets, lm) = load();
-    let tokenizer = assets.tokenizer.as_ref().unwrap();
-    let text = assets
-        .chat_template
-        .as_ref()
-        .unwrap()
-        .render(messages, true)
-        .unwrap();
-    let prompt = tokenizer.encode(&text).unwrap();
-    let config = GenerationConfig {
-        max_new_tokens,
-        sampling: SamplingConfig::greedy(),
-        eos: assets.eos.clone(),
-        ..GenerationConfig::default()
-    };
-    let g = generate(&lm, Some(tokenizer), &[prompt], &config, &mut |_, _| {})
-        .unwrap()
-        .remove(0);
-    let finish = match g.finish_reason {
-        ember_inference::FinishReason::Length => "length",
-        _ => "stop",
-    };
-    (g.text, g.ids.len(), finish)
-}
-
-fn chat_body(user: &str, max_tokens: usize) -> Value {
-    json!({"model": "tiny", "messages": [{"role": "user", "content": user}], "max_tokens": max_tokens,
-           "temperature": 0})
-}
 
 /// Greedy text must be equal, not close: the batched paged step and the lone contiguous one differ only in f32
 /// summation order, far below the random model's top-2 logit gaps.
@@ -594,67 +441,24 @@ async fn a_repeated_system_prompt_is_served_from_the_prefix_cache() {
     assert!(s.metric("ember_prefix_cache_hit_rate").await > 0.3);
 }
 
-async fn wait_for(s: &Server, name: &str, value: f64) {
-    let start = Instant::now();
-    while s.metric(name).await != value {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "{name} never reached {value}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+/// A gate steps wait at: the steps run so far, and whether it is open.
+type Gate = Arc<(Mutex<(usize, bool)>, Condvar)>;
+
+/// Holds the step after the first `free_steps` at `gate` until it opens. The tiny model runs 30 tokens in
+/// milliseconds, faster than a test can drop a stream after its first frame; held at the gate, the request is
+/// still decoding when the client goes, whatever the machine's load.
+fn wait_at(gate: &Gate, free_steps: usize) {
+    let (lock, opened) = &**gate;
+    let mut state = lock.lock().unwrap();
+    state.0 += 1;
+    while state.0 > free_steps && !state.1 {
+        state = opened.wait(state).unwrap();
     }
 }
 
-/// The tiny model behind a gate: after its first `free_steps` steps every step waits until the gate opens. The
-/// tiny model runs 30 tokens in milliseconds, faster than a test can drop a stream after its first frame; held at
-/// the gate, the request is still decoding when the client goes, whatever the machine's load.
-struct Gated {
-    lm: TransformerLm<Flex>,
-    free_steps: usize,
-    state: Arc<(Mutex<(usize, bool)>, Condvar)>,
-}
-
-impl Gated {
-    fn open(gate: &(Mutex<(usize, bool)>, Condvar)) {
-        gate.0.lock().unwrap().1 = true;
-        gate.1.notify_all();
-    }
-}
-
-impl PooledDecoder for Gated {
-    type Backend = Flex;
-
-    fn context_length(&self) -> usize {
-        self.lm.context_length()
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.lm.vocab_size()
-    }
-
-    fn new_pool(
-        &self,
-        block_size: usize,
-        budget_bytes: usize,
-    ) -> Result<PagedKvPool<Flex>, InferenceError> {
-        self.lm.new_pool(block_size, budget_bytes)
-    }
-
-    fn step_pooled(
-        &self,
-        pool: &mut PagedKvPool<Flex>,
-        seqs: &[SeqId],
-        tokens: &[Vec<u32>],
-    ) -> Result<Vec<Vec<f32>>, InferenceError> {
-        let (lock, opened) = &*self.state;
-        let mut state = lock.lock().unwrap();
-        state.0 += 1;
-        while state.0 > self.free_steps && !state.1 {
-            state = opened.wait(state).unwrap();
-        }
-        drop(state);
-        self.lm.step_pooled(pool, seqs, tokens)
-    }
+fn open(gate: &Gate) {
+    gate.0.lock().unwrap().1 = true;
+    gate.1.notify_all();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -670,10 +474,12 @@ async fn a_client_that_disconnects_mid_stream_cancels_its_request_and_frees_its_
         },
         8,
         None,
-        move |lm| Gated {
-            lm,
-            free_steps: 1,
-            state,
+        move |lm| Hooked {
+            inner: lm,
+            before_step: move |_: &[Vec<u32>]| {
+                wait_at(&state, 1);
+                Ok(())
+            },
         },
     );
     start();
@@ -689,7 +495,7 @@ async fn a_client_that_disconnects_mid_stream_cancels_its_request_and_frees_its_
     let mut stream = response.into_body();
     stream.frame().await.unwrap().unwrap();
     drop(stream);
-    Gated::open(&gate);
+    open(&gate);
     wait_for(&s, "ember_requests_cancelled_total", 1.0).await;
     assert_eq!(s.metric("ember_running_requests").await, 0.0);
     assert_eq!(s.metric("ember_kv_blocks_used").await, 0.0);
@@ -720,4 +526,58 @@ async fn a_full_queue_answers_429_and_queued_requests_still_run() {
     let (status, body) = queued.await.unwrap();
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(s.metric("ember_requests_rejected_total").await, 1.0);
+}
+
+/// A decode step the model refuses fails its requests with the model's error, kind and message intact: a 400 naming
+/// the prompt's field, whole or streamed, where it used to be flattened to a 500 "backend" error.
+#[tokio::test]
+async fn a_failed_step_reaches_the_client_with_its_kind() {
+    let overflow = "model: sequence of 65 positions exceeds the model's context length 64";
+    // Prompts prefill (several tokens a row); the first decode step (one token a row) fails. Without a prefix
+    // cache, a repeated prompt is prefilled whole again rather than from its last token.
+    let config = SchedulerConfig {
+        max_cached_prefixes: 0,
+        ..SchedulerConfig::default()
+    };
+    let (s, start) = unstarted_server_over(config, 8, None, |lm| Hooked {
+        inner: lm,
+        before_step: |tokens: &[Vec<u32>]| {
+            if tokens.iter().all(|t| t.len() == 1) {
+                return Err(InferenceError::Model(ModelError::ContextOverflow {
+                    len: 65,
+                    context_length: 64,
+                }));
+            }
+            Ok(())
+        },
+    });
+    start();
+    let completion = json!({"prompt": "Hello there", "max_tokens": 4});
+    let requests = [
+        (
+            "/v1/chat/completions",
+            chat_body("Hello there", 4),
+            "messages",
+        ),
+        ("/v1/completions", completion, "prompt"),
+    ];
+    for (path, body, param) in requests.clone() {
+        let (status, body) = s.post_json(path, body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
+        assert_eq!(body["error"]["type"], "invalid_request_error", "{path}");
+        assert_eq!(body["error"]["param"], param, "{path}");
+        assert_eq!(body["error"]["message"], overflow, "{path}");
+    }
+    // Streamed, the error is the last event before `[DONE]`, naming the same field.
+    for (path, mut body, param) in requests {
+        body["stream"] = json!(true);
+        let (status, text) = s.post(path, &body.to_string()).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {text}");
+        let data = sse_data(&text);
+        assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{text}");
+        let error: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+        assert_eq!(error["error"]["type"], "invalid_request_error", "{text}");
+        assert_eq!(error["error"]["param"], param, "{path}: {text}");
+        assert_eq!(error["error"]["message"], overflow, "{text}");
+    }
 }

@@ -9,6 +9,10 @@
 //! `sum(output * upstream)`, whose gradient with respect to the output is `upstream` exactly; and the
 //! embeddings' last. The parameters' gradients of the pieces add up to the whole graph's (a tied embedding gets its
 //! share from the head's piece and from the embeddings').
+//!
+//! Only burn's public autodiff is used. The alternative, a custom autodiff node that recomputes a block inside the
+//! outer graph, would need changes to burn 0.21: its backward pass holds the graph's lock throughout, and a block
+//! recomputed inside it would register its ops in that same graph, where its parameters' nodes live.
 
 use burn::module::{AutodiffModule, Module};
 use burn::tensor::backend::AutodiffBackend;

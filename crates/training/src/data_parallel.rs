@@ -51,10 +51,12 @@ impl DataParallelSettings {
     }
 }
 
-/// One machine's place in a multi-machine run (burn-collective's global level).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One machine's place in a multi-machine run (burn-collective's global level). A run config's `training.nodes`
+/// deserializes into it directly; every field is required (no machine's rank or address has a safe default).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NodeSettings {
-    /// Machines taking part.
+    /// Machines taking part (each with its own `address`, `data_port` and `rank`, everything else the same).
     pub count: u32,
     /// WebSocket address of the orchestrator every node registers with, e.g. `ws://10.0.0.1:3000`.
     pub orchestrator: String,

@@ -16,7 +16,7 @@ impl<B: EmberBackend> TrainableModel<B> for Transformer<B> {
         Ok(self.forward(tokens)?)
     }
 
-    /// ember's fused loss ([`ember_attention::cross_entropy`]): one pass over the logits forward and one
+    /// ember's one-pass loss ([`ember_attention::cross_entropy`]): one pass over the logits forward and one
     /// backward, instead of a log-softmax graph over `[tokens, vocab]`.
     fn loss(
         &self,

@@ -105,8 +105,8 @@ mod tests {
         );
     }
 
-    /// The fallback loss (models without the fused kernel) leaves ignored positions out of the mean, as the
-    /// fused kernel does: the loss over a batch with ignored positions equals the loss over the counted ones.
+    /// The fallback loss (models without the one-pass kernel) leaves ignored positions out of the mean, as the
+    /// one-pass kernel does: the loss over a batch with ignored positions equals the loss over the counted ones.
     #[test]
     fn ignored_targets_leave_the_mean() {
         let device = Default::default();

@@ -21,7 +21,7 @@ pub trait TrainableModel<B: Backend>: Module<B> {
 
     /// Mean next-token cross-entropy (nats per token) `[1]` of the logits for `tokens` against `targets`, both
     /// `[batch, seq]`. The default is [`logits`](Self::logits) then [`crate::cross_entropy`]; a model on a
-    /// backend with a fused loss kernel overrides it.
+    /// backend with a loss kernel of its own overrides it.
     fn loss(
         &self,
         tokens: Tensor<B, 2, Int>,

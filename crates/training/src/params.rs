@@ -1,4 +1,4 @@
-//! Parameters addressed by their module path (`layers.0.attn.q_proj.weight`).
+//! Parameters addressed by their module path (`layers.0.attn.q.weight`).
 //!
 //! burn identifies parameters by random [`ParamId`](burn::module::ParamId)s that do not survive a save in another
 //! format; paths do. Gradients, optimizer state and checkpoints are therefore keyed by path.

@@ -88,7 +88,7 @@ fn assert_equal_gradients(name: &str, model: &Transformer<AB>) -> BTreeSet<Strin
 
 #[test]
 fn checkpointed_gradients_equal_the_whole_graphs_for_every_family() {
-    // Tied and untied heads, learned positions and biases (GPT-2, GPT-Neo), parallel blocks (NeoX), fused
+    // Tied and untied heads, learned positions and biases (GPT-2, GPT-Neo), parallel blocks (NeoX), stacked
     // projections (Phi-3), q/k norms (Qwen3, Gemma 3), soft-capping, scaled embeddings and sliding windows
     // (Gemma 2 and 3, whose local layers have their own RoPE base).
     for name in [

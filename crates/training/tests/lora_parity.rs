@@ -120,7 +120,7 @@ fn lora_step_matches_peft(name: &str) {
         for (part, param) in [("lora_A", &lora.a), ("lora_B", &lora.b)] {
             let key = format!("grad.base_model.model.{}.{part}.weight", module.hf_path);
             let grad = values(param.val().grad(&grads).unwrap());
-            // f32 backward passes in different orders (ember's fused kernels, PyTorch's autograd): relative
+            // f32 backward passes in different orders (ember's one-pass kernels, PyTorch's autograd): relative
             // error of a few 1e-6 on these sizes; 1e-4 still fails for a gradient of the wrong matrix, a missing
             // scale (a factor 2) or a transposed one.
             let err = relative(&grad, &e.f32s[&key]);

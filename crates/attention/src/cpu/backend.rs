@@ -9,7 +9,9 @@ use burn::tensor::ops::{BoolTensor, FloatTensor, FloatTensorOps, IntTensor};
 
 use crate::EmberBackend;
 use crate::flash::FlashConfig;
-use crate::ggml::GgmlMatrix;
+use ember_ggml::GgmlMatrix;
+
+use crate::GgmlProducts;
 use crate::ops::CodeLayout;
 use crate::paged::{PagedConfig, PagedRows};
 use crate::portable::*;
@@ -100,16 +102,18 @@ impl EmberBackend for Flex {
         x: FloatTensor<Self>,
         weight: GgmlMatrix<'_>,
         bias: Option<FloatTensor<Self>>,
+        products: GgmlProducts,
     ) -> Option<FloatTensor<Self>> {
-        crate::cpu::ggml_dense(&x, weight, bias.as_ref())
+        crate::cpu::ggml_dense(&x, weight, bias.as_ref(), products)
     }
 
     fn ggml_dense_many(
         x: FloatTensor<Self>,
         weights: &[(GgmlMatrix<'_>, Option<FloatTensor<Self>>)],
+        products: GgmlProducts,
     ) -> Option<Vec<FloatTensor<Self>>> {
         let weights: Vec<_> = weights.iter().map(|(w, b)| (*w, b.as_ref())).collect();
-        crate::cpu::ggml_dense_many(&x, &weights)
+        crate::cpu::ggml_dense_many(&x, &weights, products)
     }
 
     fn flash_attention_forward(

@@ -14,6 +14,7 @@ use super::key_padding::KeyPadding;
 use super::simd::{exp, vectorized};
 use super::strided_gemm::{gemm, gemm_fresh};
 use super::{f32_slice, kernel_threads, zeroed};
+use crate::MaskSpec;
 
 /// Replaces each `x` of `row` by `exp(x - max)` and returns their sum (in 8 lanes, so both loops vectorise).
 #[inline(always)]
@@ -30,7 +31,6 @@ pub(super) fn exp_shifted_sum(row: &mut [f32], max: f32) -> f32 {
     }
     lanes.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
 }
-use crate::MaskSpec;
 
 /// Query rows per block: a block's scores (`ROWS x keys`) stay in cache for keys in the low thousands.
 const ROWS: usize = 64;

@@ -10,14 +10,12 @@ mod backend;
 mod cross_entropy;
 mod flash;
 mod ggml;
-mod int_dot;
 #[cfg(target_arch = "x86_64")]
-mod int_gemm;
+mod isa;
 mod key_padding;
 mod linear;
 mod norm;
 mod paged;
-mod q8;
 pub(crate) mod quantized;
 mod rope;
 mod simd;
@@ -28,7 +26,7 @@ mod write;
 
 pub(crate) use cross_entropy::{cross_entropy, cross_entropy_backward};
 pub(crate) use flash::{flash_backward, flash_forward};
-pub(crate) use ggml::{ggml_dense, ggml_dense_many};
+pub(crate) use ggml::{ggml_dense, ggml_dense_many, integer_tiles_available};
 pub(crate) use linear::{dense, dense_backward, dense_input_grad};
 pub(crate) use norm::{rms_norm, rms_norm_backward};
 pub(crate) use paged::paged_attention;
@@ -38,7 +36,6 @@ pub(crate) use swiglu::{swiglu, swiglu_backward};
 pub(crate) use write::{select_rows, write_block, write_rows};
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::{Bytes, DType, Shape};
@@ -91,38 +88,6 @@ pub fn kernel_threads() -> usize {
     KERNEL_THREADS.with(|limit| limit.get().map_or(pool, |cap| cap.min(pool)))
 }
 
-/// See [`set_exact_ggml_products`].
-static EXACT_GGML_PRODUCTS: AtomicBool = AtomicBool::new(false);
-
-/// Chooses, for the whole process, how burn-flex multiplies activations with a weight kept as ggml blocks:
-/// `false` (the default, as llama.cpp does) quantizes each activation row to 8-bit chunks and takes integer dot
-/// products with the blocks, moving each output by at most `Σ |w_i| d_i / 2` (`d_i` the activation chunk's
-/// scale, `max |x| / 127`); `true` multiplies f32 activations with the dequantized blocks, exact up to f32
-/// rounding and 3-30x slower per decode product (docs/BENCHMARKS.md): the oracle. Prompts (more than 16 rows)
-/// take the integer path only on CPUs with AVX-512 VNNI (as do decode batches of 5 rows or more there), where it
-/// is 2-3x faster than dequantizing tiles for gemm; elsewhere they are exact either way.
-pub fn set_exact_ggml_products(exact: bool) {
-    EXACT_GGML_PRODUCTS.store(exact, Ordering::Relaxed);
-}
-
-/// Whether [`set_exact_ggml_products`] chose the exact path.
-pub fn exact_ggml_products() -> bool {
-    EXACT_GGML_PRODUCTS.load(Ordering::Relaxed)
-}
-
-/// Whether products of 5 rows or more (prompts, decode batches of 5 or more) with ggml blocks take the integer
-/// tiles: the default products ([`set_exact_ggml_products`]) on a CPU with AVX-512 VNNI.
-pub fn integer_prompt_products() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        !exact_ggml_products() && int_dot::Vnni::detect().is_some()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// A zero-filled f32 tensor of `shape`. `FlexTensor::empty` allocates bytes and copies them once more to
 /// align them for any dtype: a second pass over every output that an f32 buffer does not need.
 fn zeroed(shape: Shape) -> FlexTensor {
@@ -170,7 +135,7 @@ fn for_each_chunk(out: &mut [f32], row: usize, kernel: impl Fn(&mut [f32], usize
                 unsafe { std::slice::from_raw_parts_mut(shared.get().add(start), end - start) };
             kernel(part, start);
         };
-        // As `int_dot::run_split`: a caller capped below the pool keeps off the workers.
+        // As `ggml::decode::run_split`: a caller capped below the pool keeps off the workers.
         if threads >= rayon::current_num_threads() && spin_pool::run(len.div_ceil(chunk), &task) {
             return;
         }

@@ -1,4 +1,6 @@
-//! A pool of threads that spin between the products of a decode step, for the integer-dot kernels.
+//! A pool of threads that spin between the kernels of a decode step: the integer products with ggml blocks, a
+//! decode step's attention heads (flash and paged), the paged pool's row gathers and the middling element-wise
+//! kernels.
 //!
 //! A decode step is ~200 small products of ~50 us each. Handed to rayon, each one wakes a pool thread that went
 //! to sleep after the last (measured: 28% of a SmolLM2 step in the kernel scheduler, `sched_yield` and

@@ -4,7 +4,8 @@
 //! maximum, the running sum of exponentials and the weighted sum of values (the online softmax of
 //! FlashAttention), so no score matrix is stored. Grouped-query heads read their shared KV head in place, and
 //! causal / sliding-window limits bound the key loop rather than masking it. The backward pass stays the
-//! portable recomputing one of [`crate::flash`] (the default methods of [`EmberBackend`]).
+//! portable recomputing one of [`crate::flash`] (the default methods of [`EmberBackend`]), and so does the
+//! forward pass of soft-capped scores (Gemma 2): the kernel has no cap.
 
 mod fusion;
 mod kernel;

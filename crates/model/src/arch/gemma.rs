@@ -4,6 +4,9 @@
 //! logits (Gemma 2), and q/k norms with a separate RoPE base for the sliding layers (Gemma 3).
 //!
 //! The truth is transformers' `models/gemma2` and `models/gemma3` (configuration and modeling files).
+//!
+//! Two generations share this one file (about 680 lines, the longest family): one parser and one GGUF mapping
+//! driven by a `Generation` table, where a file per generation would copy both.
 
 use ember_attention::{RopeConfig, RopeLayout};
 use serde::Deserialize;
@@ -12,7 +15,7 @@ use serde_json::{Value, json};
 
 use super::{
     Family, GgufTensor, TensorSource, activation, from_value, gguf_names, hf_names, layer_count,
-    rope, split_layer,
+    norm_eps, rope, split_layer,
 };
 use crate::gguf::{GgufError, GgufHparams, MetadataValue};
 use crate::spec::{
@@ -40,8 +43,6 @@ struct GemmaConfig {
     hidden_activation: Option<String>,
     hidden_act: Option<String>,
     max_position_embeddings: Option<usize>,
-    #[serde(default = "default_eps")]
-    rms_norm_eps: f64,
     #[serde(default = "default_true")]
     tie_word_embeddings: bool,
     #[serde(default)]
@@ -57,10 +58,6 @@ struct GemmaConfig {
 
 fn default_head_dim() -> usize {
     256
-}
-
-fn default_eps() -> f64 {
-    1e-6
 }
 
 fn default_true() -> bool {
@@ -295,7 +292,7 @@ fn parse_gemma(config: &Value, generation: &Generation) -> Result<ModelSpec, Str
         features: Features {
             norm: NormSpec {
                 kind: NormKind::RmsNorm,
-                eps: c.rms_norm_eps,
+                eps: norm_eps::from_config(config, "rms_norm_eps", 1e-6)?,
                 bias: false,
             },
             activation: act,

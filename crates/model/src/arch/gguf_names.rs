@@ -12,7 +12,7 @@ use crate::tensors::{EMBED, LM_HEAD, POS_EMBED, TensorSpec};
 pub struct GgufTensor {
     /// The GGUF tensor name.
     pub name: String,
-    /// For fused tensors (`attn_qkv`, Phi-3's `ffn_up`): the rows (canonical `[out, in]` orientation) that make up
+    /// For stacked tensors (`attn_qkv`, Phi-3's `ffn_up`): the rows (canonical `[out, in]` orientation) that make up
     /// this canonical tensor; `None` takes the whole tensor.
     pub rows: Option<Range<usize>>,
     /// llama.cpp's query/key row permutation (rotary pairs made adjacent), by the head count it was applied with;
@@ -33,8 +33,8 @@ impl GgufTensor {
         }
     }
 
-    /// `rows` of the fused tensor `name`.
-    pub fn fused(name: impl Into<String>, rows: Range<usize>) -> Self {
+    /// `rows` of the stacked tensor `name`.
+    pub fn stacked(name: impl Into<String>, rows: Range<usize>) -> Self {
         GgufTensor {
             rows: Some(rows),
             ..Self::whole(name)
@@ -95,9 +95,9 @@ pub fn whole(canonical: &str) -> Option<GgufTensor> {
     gguf_name(canonical).map(GgufTensor::whole)
 }
 
-/// For `attn.{q,k,v}.{weight,bias}` of block `layer`: the rows of the fused `blk.{layer}.attn_qkv` tensor
+/// For `attn.{q,k,v}.{weight,bias}` of block `layer`: the rows of the stacked `blk.{layer}.attn_qkv` tensor
 /// (`[q; k; v]`, llama.cpp's layout for GPT-2, GPT-NeoX and Phi-3), given the query and key/value widths.
-pub fn fused_qkv(layer: usize, suffix: &str, q: usize, kv: usize) -> Option<GgufTensor> {
+pub fn stacked_qkv(layer: usize, suffix: &str, q: usize, kv: usize) -> Option<GgufTensor> {
     let (module, param) = suffix.rsplit_once('.')?;
     let rows = match module {
         "attn.q" => 0..q,
@@ -105,16 +105,16 @@ pub fn fused_qkv(layer: usize, suffix: &str, q: usize, kv: usize) -> Option<Gguf
         "attn.v" => q + kv..q + 2 * kv,
         _ => return None,
     };
-    Some(GgufTensor::fused(
+    Some(GgufTensor::stacked(
         format!("blk.{layer}.attn_qkv.{param}"),
         rows,
     ))
 }
 
-/// The query, key and value from the fused `attn_qkv` (see [`fused_qkv`]), every other tensor whole under its
-/// llama.cpp name: the placement of GPT-2, GPT-NeoX and (outside its fused MLP) Phi-3.
-pub fn fused_qkv_or_whole(spec: &ModelSpec, tensor: &TensorSpec) -> Option<GgufTensor> {
+/// The query, key and value from the stacked `attn_qkv` (see [`stacked_qkv`]), every other tensor whole under its
+/// llama.cpp name: the placement of GPT-2, GPT-NeoX and (outside its stacked MLP) Phi-3.
+pub fn stacked_qkv_or_whole(spec: &ModelSpec, tensor: &TensorSpec) -> Option<GgufTensor> {
     split_layer(&tensor.name)
-        .and_then(|(layer, suffix)| fused_qkv(layer, suffix, spec.q_dim(), spec.kv_dim()))
+        .and_then(|(layer, suffix)| stacked_qkv(layer, suffix, spec.q_dim(), spec.kv_dim()))
         .or_else(|| whole(&tensor.name))
 }

@@ -1,12 +1,12 @@
 //! `GPT2LMHeadModel`: learned positions, LayerNorm with bias, biases everywhere, a plain GELU MLP, and `Conv1D`
-//! weights stored `[in, out]`, with the query, key and value fused in `c_attn`.
+//! weights stored `[in, out]`, with the query, key and value stacked in `c_attn`.
 
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{
     Family, GgufTensor, ScratchShape, TensorSource, activation, derived_head_dim, from_value,
-    gguf_names, layer_count, split_layer, times,
+    gguf_names, layer_count, norm_eps, split_layer, times,
 };
 use crate::gguf::{GgufError, GgufHparams, MetadataValue};
 use crate::spec::{Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
@@ -25,8 +25,6 @@ struct Gpt2Config {
     n_inner: Option<usize>,
     #[serde(default = "default_act")]
     activation_function: String,
-    #[serde(default = "default_eps")]
-    layer_norm_epsilon: f64,
     #[serde(default = "default_true")]
     tie_word_embeddings: bool,
     #[serde(default = "default_true")]
@@ -37,10 +35,6 @@ struct Gpt2Config {
 
 fn default_act() -> String {
     "gelu_new".to_string()
-}
-
-fn default_eps() -> f64 {
-    1e-5
 }
 
 fn default_true() -> bool {
@@ -92,7 +86,7 @@ impl Family for Gpt2 {
             features: Features {
                 norm: NormSpec {
                     kind: NormKind::LayerNorm,
-                    eps: c.layer_norm_epsilon,
+                    eps: norm_eps::from_config(config, "layer_norm_epsilon", 1e-5)?,
                     bias: true,
                 },
                 activation: activation("activation_function", &c.activation_function)?,
@@ -129,12 +123,12 @@ impl Family for Gpt2 {
         let conv1d =
             |hf: &str| TensorSource::whole(format!("{prefix}.{hf}.{param}"), tensor).transposed();
         let c_attn = |rows: std::ops::Range<usize>| {
-            let fused = if param == "weight" {
+            let stacked = if param == "weight" {
                 vec![3 * h, h]
             } else {
                 vec![3 * h]
             };
-            TensorSource::fused(format!("{prefix}.attn.c_attn.{param}"), fused, vec![rows])
+            TensorSource::stacked(format!("{prefix}.attn.c_attn.{param}"), stacked, vec![rows])
                 .transposed()
         };
         match module {
@@ -247,14 +241,14 @@ impl Family for Gpt2 {
             "n_head": h.uint("attention.head_count")?,
             "n_inner": inner,
             "activation_function": "gelu_new",
-            "layer_norm_epsilon": h.float("attention.layer_norm_epsilon")?,
+            "layer_norm_epsilon": norm_eps::from_gguf(h, "attention.layer_norm_epsilon")?,
             "tie_word_embeddings": h.tied(),
         }))
     }
 
     /// The converter transposes GPT-2's `Conv1D` weights to `[out, in]`, so only `c_attn` stays special: the
-    /// fused `attn_qkv` (`[q; k; v]` rows).
+    /// stacked `attn_qkv` (`[q; k; v]` rows).
     fn gguf_tensor(&self, spec: &ModelSpec, tensor: &TensorSpec) -> Option<GgufTensor> {
-        gguf_names::fused_qkv_or_whole(spec, tensor)
+        gguf_names::stacked_qkv_or_whole(spec, tensor)
     }
 }

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use super::{
     Family, ScratchShape, TensorSource, activation, derived_head_dim, from_value, layer_count,
-    split_layer, times,
+    norm_eps, split_layer, times,
 };
 use crate::spec::{Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
 use crate::tensors::{EMBED, LM_HEAD, POS_EMBED, TensorSpec};
@@ -28,8 +28,6 @@ struct GptNeoConfig {
     window_size: usize,
     #[serde(default = "default_act")]
     activation_function: String,
-    #[serde(default = "default_eps")]
-    layer_norm_epsilon: f64,
     #[serde(default = "default_true")]
     tie_word_embeddings: bool,
 }
@@ -40,10 +38,6 @@ fn default_window() -> usize {
 
 fn default_act() -> String {
     "gelu_new".to_string()
-}
-
-fn default_eps() -> f64 {
-    1e-5
 }
 
 fn default_true() -> bool {
@@ -128,7 +122,7 @@ impl Family for GptNeo {
             features: Features {
                 norm: NormSpec {
                     kind: NormKind::LayerNorm,
-                    eps: c.layer_norm_epsilon,
+                    eps: norm_eps::from_config(config, "layer_norm_epsilon", 1e-5)?,
                     bias: true,
                 },
                 activation: activation("activation_function", &c.activation_function)?,

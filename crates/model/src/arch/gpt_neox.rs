@@ -1,4 +1,4 @@
-//! `GPTNeoXForCausalLM` (Pythia): query, key and value fused in `query_key_value` and interleaved per head
+//! `GPTNeoXForCausalLM` (Pythia): query, key and value stacked in `query_key_value` and interleaved per head
 //! (`[heads, 3, head_dim]` rows), partial rotary (`rotary_pct`), parallel residual, LayerNorm, untied `embed_out`.
 
 use ember_attention::RopeLayout;
@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use super::{
     Family, GgufTensor, ScratchShape, TensorSource, activation, derived_head_dim, from_value,
-    gguf_names, layer_count, rope, split_layer,
+    gguf_names, layer_count, norm_eps, rope, split_layer,
 };
 use crate::gguf::{GgufError, GgufHparams, MetadataValue};
 use crate::spec::{Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
@@ -27,8 +27,6 @@ struct GptNeoXConfig {
     hidden_act: String,
     #[serde(default = "default_positions")]
     max_position_embeddings: usize,
-    #[serde(default = "default_eps")]
-    layer_norm_eps: f64,
     #[serde(default)]
     tie_word_embeddings: bool,
     #[serde(default = "default_true")]
@@ -43,10 +41,6 @@ fn default_act() -> String {
 
 fn default_positions() -> usize {
     2048
-}
-
-fn default_eps() -> f64 {
-    1e-5
 }
 
 fn default_true() -> bool {
@@ -108,7 +102,7 @@ impl Family for GptNeoX {
             features: Features {
                 norm: NormSpec {
                     kind: NormKind::LayerNorm,
-                    eps: c.layer_norm_eps,
+                    eps: norm_eps::from_config(config, "layer_norm_eps", 1e-5)?,
                     bias: true,
                 },
                 residual: if c.use_parallel_residual {
@@ -150,14 +144,14 @@ impl Family for GptNeoX {
             let rows = (0..spec.num_heads)
                 .map(|head| (head * 3 + which) * d..(head * 3 + which + 1) * d)
                 .collect();
-            let fused = if param == "weight" {
+            let stacked = if param == "weight" {
                 vec![3 * h, h]
             } else {
                 vec![3 * h]
             };
-            TensorSource::fused(
+            TensorSource::stacked(
                 format!("{prefix}.attention.query_key_value.{param}"),
-                fused,
+                stacked,
                 rows,
             )
         };
@@ -285,7 +279,7 @@ impl Family for GptNeoX {
             "num_attention_heads": heads,
             "intermediate_size": h.feed_forward_length()?,
             "max_position_embeddings": h.uint("context_length")?,
-            "layer_norm_eps": h.float("attention.layer_norm_epsilon")?,
+            "layer_norm_eps": norm_eps::from_gguf(h, "attention.layer_norm_epsilon")?,
             "use_parallel_residual": h.bool_or("use_parallel_residual", true)?,
             "attention_bias": h.tensor("blk.0.attn_qkv.bias").is_some(),
             "rotary_pct": rotary as f64 / head_dim.max(1) as f64,
@@ -296,6 +290,6 @@ impl Family for GptNeoX {
 
     /// The converter de-interleaves `query_key_value` (`[head][q, k, v][dim]` rows) into `[q; k; v]`.
     fn gguf_tensor(&self, spec: &ModelSpec, tensor: &TensorSpec) -> Option<GgufTensor> {
-        gguf_names::fused_qkv_or_whole(spec, tensor)
+        gguf_names::stacked_qkv_or_whole(spec, tensor)
     }
 }

@@ -1,4 +1,4 @@
-//! The checkpoint naming shared by the LLaMA lineage (LLaMA, Mistral, Qwen2/3, Phi-3 outside its fused layers).
+//! The checkpoint naming shared by the LLaMA lineage (LLaMA, Mistral, Qwen2/3, Phi-3 outside its stacked layers).
 
 use super::{TensorSource, split_layer};
 use crate::tensors::{EMBED, LM_HEAD, TensorSpec};

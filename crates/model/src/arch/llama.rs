@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use super::{
     Family, GgufTensor, TensorSource, activation, derived_head_dim, from_value, gguf_names,
-    hf_names, layer_count, rope, split_layer,
+    hf_names, layer_count, norm_eps, rope, split_layer,
 };
 use crate::gguf::{GgufError, GgufHparams, MetadataValue};
 use crate::spec::{Biases, Features, MlpKind, ModelSpec, NormKind, NormSpec, Positions, Residual};
@@ -29,7 +29,6 @@ pub(crate) struct LineageConfig {
     #[serde(default = "default_act")]
     pub hidden_act: String,
     pub max_position_embeddings: Option<usize>,
-    pub rms_norm_eps: Option<f64>,
     #[serde(default)]
     pub tie_word_embeddings: bool,
     #[serde(default)]
@@ -86,7 +85,7 @@ pub(crate) fn lineage_spec(
         features: Features {
             norm: NormSpec {
                 kind: NormKind::RmsNorm,
-                eps: c.rms_norm_eps.unwrap_or(defaults.rms_norm_eps),
+                eps: norm_eps::from_config(config, "rms_norm_eps", defaults.rms_norm_eps)?,
                 bias: false,
             },
             activation: activation("hidden_act", &c.hidden_act)?,

@@ -25,6 +25,7 @@ mod gpt_neox;
 mod hf_names;
 mod llama;
 mod mistral;
+pub(crate) mod norm_eps;
 mod phi3;
 mod qwen2;
 mod qwen3;
@@ -49,7 +50,7 @@ pub struct TensorSource {
     pub layout: Layout,
     /// The stored tensor's full shape, as in the file.
     pub stored_shape: Vec<usize>,
-    /// For fused tensors: the output rows (in canonical orientation) that make up this canonical tensor, in
+    /// For stacked tensors: the output rows (in canonical orientation) that make up this canonical tensor, in
     /// order; `None` takes the whole tensor.
     pub rows: Option<Vec<Range<usize>>>,
 }
@@ -65,16 +66,16 @@ impl TensorSource {
         }
     }
 
-    /// A slice of a fused tensor: `rows` of a stored tensor whose canonical-orientation shape is `fused_shape`.
-    pub fn fused(
+    /// A slice of a stacked tensor: `rows` of a stored tensor whose canonical-orientation shape is `stacked_shape`.
+    pub fn stacked(
         name: impl Into<String>,
-        fused_shape: Vec<usize>,
+        stacked_shape: Vec<usize>,
         rows: Vec<Range<usize>>,
     ) -> Self {
         TensorSource {
             name: name.into(),
             layout: Layout::Canonical,
-            stored_shape: fused_shape,
+            stored_shape: stacked_shape,
             rows: Some(rows),
         }
     }
@@ -224,9 +225,47 @@ pub fn read_config(path: &Path) -> Result<(&'static dyn Family, ModelSpec)> {
     })?;
     let value: Value = serde_json::from_str(&text).map_err(|e| ModelError::Config {
         path: path.to_path_buf(),
-        message: format!("invalid JSON: {e}"),
+        message: non_json_float(&text, &e).unwrap_or_else(|| format!("invalid JSON: {e}")),
     })?;
     parse_config_value(&value, path)
+}
+
+/// The message for a JSON syntax error at a bare `NaN`, `Infinity` or `-Infinity` under a key: Python's `json`
+/// (and so transformers' `save_pretrained`) writes a non-finite float that way, and serde_json's error gives only
+/// a line and column. Names the key and what it should hold.
+fn non_json_float(text: &str, error: &serde_json::Error) -> Option<String> {
+    if !error.is_syntax() {
+        return None;
+    }
+    // serde_json's column is 1-based, in bytes, at the byte it stopped on: the `N` or `I` (after a `-`).
+    let line_start: usize = text
+        .split_inclusive('\n')
+        .take(error.line().checked_sub(1)?)
+        .map(str::len)
+        .sum();
+    let at = line_start + error.column().checked_sub(1)?;
+    let (mut before, rest) = (text.get(..at)?, text.get(at..)?);
+    let mut literal = ["NaN", "Infinity"]
+        .into_iter()
+        .find(|l| rest.starts_with(l))?
+        .to_string();
+    if let Some(sign) = before.strip_suffix('-') {
+        (before, literal) = (sign, format!("-{literal}"));
+    }
+    let quoted = before
+        .trim_end()
+        .strip_suffix(':')?
+        .trim_end()
+        .strip_suffix('"')?;
+    let key = &quoted[quoted.rfind('"')? + 1..];
+    let expected = if norm_eps::CONFIG_KEYS.contains(&key) {
+        norm_eps::EXPECTED
+    } else {
+        "a finite number"
+    };
+    Some(format!(
+        "`{key}` is {literal}, a float JSON cannot hold (Python's json module writes it anyway), expected {expected}"
+    ))
 }
 
 /// Deserialises a family's config struct, turning serde's error into a message that names the key: serde_json

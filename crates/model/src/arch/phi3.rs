@@ -1,5 +1,5 @@
-//! `Phi3ForCausalLM`: the LLaMA lineage with the query, key and value projections fused into `qkv_proj`
-//! (`[q; k; v]` rows) and the gate and up projections fused into `gate_up_proj` (`[gate; up]` rows).
+//! `Phi3ForCausalLM`: the LLaMA lineage with the query, key and value projections stacked into `qkv_proj`
+//! (`[q; k; v]` rows) and the gate and up projections stacked into `gate_up_proj` (`[gate; up]` rows).
 
 use ember_attention::RopeScaling;
 use serde::Deserialize;
@@ -58,14 +58,14 @@ impl Family for Phi3 {
             spec.intermediate_size,
         );
         let qkv = |rows| {
-            TensorSource::fused(
+            TensorSource::stacked(
                 format!("model.layers.{layer}.self_attn.qkv_proj.weight"),
                 vec![q + 2 * kv, h],
                 vec![rows],
             )
         };
         let gate_up = |rows| {
-            TensorSource::fused(
+            TensorSource::stacked(
                 format!("model.layers.{layer}.mlp.gate_up_proj.weight"),
                 vec![2 * ff, h],
                 vec![rows],
@@ -186,15 +186,15 @@ impl Family for Phi3 {
         };
         let ff = spec.intermediate_size;
         match suffix {
-            "mlp.gate.weight" => Some(GgufTensor::fused(
+            "mlp.gate.weight" => Some(GgufTensor::stacked(
                 format!("blk.{layer}.ffn_up.weight"),
                 0..ff,
             )),
-            "mlp.up.weight" => Some(GgufTensor::fused(
+            "mlp.up.weight" => Some(GgufTensor::stacked(
                 format!("blk.{layer}.ffn_up.weight"),
                 ff..2 * ff,
             )),
-            _ => gguf_names::fused_qkv_or_whole(spec, tensor),
+            _ => gguf_names::stacked_qkv_or_whole(spec, tensor),
         }
     }
 }

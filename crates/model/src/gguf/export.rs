@@ -1,6 +1,6 @@
 //! Saving a model as a GGUF file that llama.cpp runs: the family's metadata, the tokenizer's `tokenizer.*` keys,
 //! and every canonical tensor put back where llama.cpp's converter puts it (renamed, query/key rows permuted,
-//! fused tensors assembled, Gemma's norm offset added), each in the type a [`GgufRecipe`] gives it.
+//! stacked tensors assembled, Gemma's norm offset added), each in the type a [`GgufRecipe`] gives it.
 //!
 //! The file must load back as exactly the model: before the temporary file is renamed into place it is opened
 //! with ember's own reader, and its spec compared with the model's (floats rounded to f32, as GGUF stores them).
@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use ember_attention::EmberBackend;
-use ember_attention::ggml::{QuantizeError, quantize};
+use ember_ggml::{QuantizeError, quantize};
 
 use super::recipe::{GgufRecipe, RecipeTensor};
 use super::writer::{GgufWriter, OutTensor};
@@ -45,7 +45,7 @@ pub struct GgufSummary {
 /// Where one canonical tensor goes: its place in the GGUF tensor, its canonical name and shape.
 type Piece = (GgufTensor, String, Vec<usize>);
 
-/// One GGUF tensor to write: its shape and the canonical tensors stored in it (one, or the parts of a fused one),
+/// One GGUF tensor to write: its shape and the canonical tensors stored in it (one, or the parts of a stacked one),
 /// or, for a tensor made from the spec (RoPE divisors), its values.
 struct Planned {
     name: String,

@@ -7,6 +7,7 @@
 use serde_json::{Value, json};
 
 use super::{GgufError, GgufFile, TensorInfo};
+use crate::arch::norm_eps;
 
 /// GGUF tensor holding the token embedding `[vocab, hidden]`.
 pub const TOKEN_EMBD: &str = "token_embd.weight";
@@ -131,7 +132,7 @@ impl<'a> GgufHparams<'a> {
     }
 
     /// `{arch}.feed_forward_length`, checked against the input width of `blk.0.ffn_down.weight` (the MLP's
-    /// hidden width in every family, fused gate/up or not).
+    /// hidden width in every family, stacked gate/up or not).
     pub fn feed_forward_length(&self) -> Result<u64, GgufError> {
         let ffn = self.uint("feed_forward_length")?;
         if let Some(down) = self.tensor("blk.0.ffn_down.weight")
@@ -198,7 +199,7 @@ impl<'a> GgufHparams<'a> {
             "num_key_value_heads": kv_heads,
             "head_dim": head_dim,
             "max_position_embeddings": self.uint("context_length")?,
-            "rms_norm_eps": self.float("attention.layer_norm_rms_epsilon")?,
+            "rms_norm_eps": norm_eps::from_gguf(self, "attention.layer_norm_rms_epsilon")?,
             "rope_theta": self.rope_theta(default_theta)?,
             "rope_scaling": self.rope_scaling()?,
             "tie_word_embeddings": self.tied(),

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 
 /// ggml's types and their dequantization live with the kernels that multiply packed blocks.
-pub use ember_attention::ggml::{GgmlType, dequantize};
+pub use ember_ggml::{GgmlType, dequantize};
 pub use error::GgufError;
 pub use export::{GgufExport, GgufSummary, check_gguf_writable, save_gguf};
 pub use hparams::{GgufHparams, OUTPUT, TOKEN_EMBD};

@@ -1,6 +1,6 @@
 //! A model from a GGUF file, through the architecture registry: `general.architecture` selects the
 //! [`Family`], whose `gguf_config` turns the metadata into the Hugging Face config its own parser reads, and whose
-//! `gguf_tensor` says where each canonical tensor lives and what llama.cpp's converter did to it (fused rows,
+//! `gguf_tensor` says where each canonical tensor lives and what llama.cpp's converter did to it (stacked rows,
 //! the query/key permutation, Gemma's `1 +` norms), so a GGUF model loads into exactly the weights
 //! `transformers` builds from the same file.
 
@@ -89,7 +89,7 @@ fn move_head_rows<T: Copy + Default>(
     out
 }
 
-/// The canonical rows of a stored row-major matrix with `cols` columns: the fused slice `place.rows`, then
+/// The canonical rows of a stored row-major matrix with `cols` columns: the stacked slice `place.rows`, then
 /// un-permuted.
 fn rearrange<T: Copy + Default>(data: &[T], cols: usize, place: &GgufTensor) -> Vec<T> {
     let data = match &place.rows {
@@ -143,7 +143,7 @@ impl<'a> GgufSource<'a> {
     }
 
     /// The GGUF tensor behind canonical `tensor`, with its shape checked against the spec: whole tensors have the
-    /// canonical shape, fused ones the canonical width and enough rows.
+    /// canonical shape, stacked ones the canonical width and enough rows.
     fn locate(&self, tensor: &TensorSpec) -> crate::Result<Located<'a>> {
         let place = self
             .family

@@ -229,7 +229,7 @@ impl fmt::Display for GgufRecipe {
 enum Category {
     Output,
     TokenEmbd,
-    /// The value projection, or a fused query/key/value one (which llama.cpp treats as a value projection).
+    /// The value projection, or a stacked query/key/value one (which llama.cpp treats as a value projection).
     AttnV,
     AttnOutput,
     FfnDown,

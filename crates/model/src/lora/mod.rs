@@ -4,9 +4,9 @@
 //!
 //! The base weights are frozen (no gradient, so no optimizer state), and must be dense: a packed GGUF or
 //! quantized layer is refused by name (ember does not train QLoRA-style over packed blocks; load the base in f32,
-//! as `ember train` does). A fused checkpoint tensor (Phi-3's `qkv_proj`, GPT-2's `c_attn`, NeoX's
+//! as `ember train` does). A stacked checkpoint tensor (Phi-3's `qkv_proj`, GPT-2's `c_attn`, NeoX's
 //! `query_key_value`) is split into several of ember's projections, so it is not an adaptable module: PEFT's
-//! single `B` over the fused rows has no place in them.
+//! single `B` over the stacked rows has no place in them.
 
 mod peft;
 
@@ -24,9 +24,10 @@ use crate::spec::ModelSpec;
 use crate::tensors::layer_name;
 use crate::{EmberBackend, Transformer};
 
-/// What to adapt and how (the fields of PEFT's `LoraConfig` that ember uses).
+/// What to adapt and how (the fields of PEFT's `LoraConfig` that ember uses). A run config's `training.lora`
+/// deserializes into it directly: an omitted field takes its [`Default`], an unknown one is an error naming it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct LoraSettings {
     /// Rank `r` of each update.
     pub rank: usize,
@@ -36,6 +37,19 @@ pub struct LoraSettings {
     pub dropout: f64,
     /// Hugging Face module names to adapt (`q_proj`, `v_proj`, ...), matched as PEFT's `target_modules`.
     pub targets: Vec<String>,
+}
+
+impl Default for LoraSettings {
+    /// PEFT's rank and dropout, alpha twice the rank (the common recipe), on the attention's query and value
+    /// projections (PEFT's default targets for the LLaMA lineage).
+    fn default() -> Self {
+        LoraSettings {
+            rank: 8,
+            alpha: 16.0,
+            dropout: 0.0,
+            targets: vec!["q_proj".into(), "v_proj".into()],
+        }
+    }
 }
 
 /// One projection LoRA can adapt in a model of some family.
@@ -124,7 +138,7 @@ pub fn select_modules(spec: &ModelSpec, targets: &[String]) -> Result<Vec<Adapta
     for target in targets {
         if !all.iter().any(|m| m.matches(target)) {
             return Err(ModelError::Lora(format!(
-                "LoRA target `{target}` names no adaptable module of {}; valid names: {valid} (fused \
+                "LoRA target `{target}` names no adaptable module of {}; valid names: {valid} (stacked \
                  projections such as qkv_proj, c_attn or query_key_value are not adaptable)",
                 spec.architecture
             )));

@@ -67,7 +67,7 @@ impl<B: EmberBackend> SelfAttention<B> {
         let [batch, seq, _] = x.dims();
         let heads =
             |t: Tensor<B, 3>, n: usize| t.reshape([batch, seq, n, self.head_dim]).swap_dims(1, 2);
-        let [q, k, v] = Linear::forward_fused([&self.q, &self.k, &self.v], x);
+        let [q, k, v] = Linear::forward_many([&self.q, &self.k, &self.v], x);
         let mut q = heads(q, self.num_heads);
         let mut k = heads(k, self.num_kv_heads);
         let v = heads(v, self.num_kv_heads);

@@ -2,7 +2,7 @@
 
 use burn::module::{Module, Param};
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend, module::embedding};
-use ember_attention::EmberBackend;
+use ember_attention::{EmberBackend, GgmlProducts};
 use ember_optimization::{GgmlLinear, QuantScheme, QuantizedLinear};
 
 use crate::error::{ModelError, Result};
@@ -30,6 +30,14 @@ impl<B: EmberBackend> Embedding<B> {
 }
 
 impl<B: Backend> Embedding<B> {
+    /// Makes a table kept as ggml blocks project (as a tied LM head) in `products`' arithmetic; lookups are
+    /// exact either way.
+    pub fn set_ggml_products(&mut self, products: GgmlProducts) {
+        if let Embedding::Ggml(table) = self {
+            table.set_products(products);
+        }
+    }
+
     /// Rows of `ids` `[batch, seq]`: `[batch, seq, hidden]`.
     pub fn lookup(&self, ids: Tensor<B, 2, Int>) -> Tensor<B, 3> {
         match self {

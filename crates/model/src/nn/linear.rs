@@ -3,7 +3,7 @@
 
 use burn::module::{Module, Param};
 use burn::tensor::{Tensor, TensorData, backend::Backend};
-use ember_attention::EmberBackend;
+use ember_attention::{EmberBackend, GgmlProducts};
 use ember_optimization::{GgmlLinear, QuantScheme, QuantizedLinear};
 
 use super::LoraAdapter;
@@ -94,11 +94,11 @@ impl<B: EmberBackend> Linear<B> {
         }
     }
 
-    /// Applies each of `N` layers to the same `x` (a layer's query, key and value projections): in one fused
-    /// product where all of them keep ggml blocks and the backend fuses them ([`GgmlLinear::forward_many`]),
-    /// else one [`forward`](Self::forward) each. The results are the same either way: the fused kernel is
-    /// bit-identical to one product per weight.
-    pub fn forward_fused<const N: usize, const D: usize>(
+    /// Applies each of `N` layers to the same `x` (a layer's query, key and value projections): in one
+    /// product where all of them keep ggml blocks and the backend takes them together
+    /// ([`GgmlLinear::forward_many`]), else one [`forward`](Self::forward) each. The results are the same
+    /// either way: the kernel taking them together is bit-identical to one product per weight.
+    pub fn forward_many<const N: usize, const D: usize>(
         layers: [&Self; N],
         x: Tensor<B, D>,
     ) -> [Tensor<B, D>; N] {
@@ -109,16 +109,24 @@ impl<B: EmberBackend> Linear<B> {
                 _ => None,
             })
             .collect();
-        if let Some(fused) = ggml.and_then(|g| GgmlLinear::forward_many(&g, x.clone()))
-            && let Ok(fused) = <[Tensor<B, D>; N]>::try_from(fused)
+        if let Some(together) = ggml.and_then(|g| GgmlLinear::forward_many(&g, x.clone()))
+            && let Ok(together) = <[Tensor<B, D>; N]>::try_from(together)
         {
-            return fused;
+            return together;
         }
         layers.map(|l| l.forward(x.clone()))
     }
 }
 
 impl<B: Backend> Linear<B> {
+    /// Makes a layer that keeps ggml blocks multiply in `products`' arithmetic; other layers have no such
+    /// setting and are left as they are.
+    pub fn set_ggml_products(&mut self, products: GgmlProducts) {
+        if let Linear::Ggml(ggml) = self {
+            ggml.set_products(products);
+        }
+    }
+
     /// A dense layer from its parameters.
     pub fn dense(weight: Param<Tensor<B, 2>>, bias: Option<Param<Tensor<B, 1>>>) -> Self {
         Linear::Dense(DenseLinear {

@@ -38,7 +38,7 @@ impl<B: EmberBackend> Mlp<B> {
             // SwiGLU (LLaMA, Mistral, Qwen, Phi-3): one backend kernel instead of sigmoid, two multiplies and
             // their graph nodes.
             Some(gate) if self.activation == Activation::Silu => {
-                let [gate, up] = Linear::forward_fused([gate, &self.up], x);
+                let [gate, up] = Linear::forward_many([gate, &self.up], x);
                 swiglu(gate, up)
             }
             Some(gate) => activate(self.activation, gate.forward(x.clone())) * self.up.forward(x),

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive};
-use ember_attention::EmberBackend;
-use ember_attention::ggml::GgmlType;
+use ember_attention::{EmberBackend, GgmlProducts};
+use ember_ggml::GgmlType;
 
 use crate::error::QuantError;
 use crate::quant::ggml_weight::GgmlWeight;
@@ -32,6 +32,9 @@ pub struct GgmlLinear<B: Backend> {
     /// Where the exact path puts its tiles (the bias may be absent, so no tensor says it).
     #[module(skip)]
     device: B::Device,
+    /// The arithmetic of [`forward`](Self::forward): the model's setting, carried by each of its packed layers.
+    #[module(skip)]
+    products: GgmlProducts,
 }
 
 impl<B: Backend> GgmlLinear<B> {
@@ -55,7 +58,18 @@ impl<B: Backend> GgmlLinear<B> {
             bias,
             weight: Arc::new(weight),
             device: device.clone(),
+            products: GgmlProducts::default(),
         })
+    }
+
+    /// How [`forward`](Self::forward) multiplies (default: [`GgmlProducts::Integer`]).
+    pub fn products(&self) -> GgmlProducts {
+        self.products
+    }
+
+    /// Makes [`forward`](Self::forward) multiply in `products`' arithmetic.
+    pub fn set_products(&mut self, products: GgmlProducts) {
+        self.products = products;
     }
 
     /// The packed weight.
@@ -149,7 +163,8 @@ impl<B: Backend> GgmlLinear<B> {
 
 impl<B: EmberBackend> GgmlLinear<B> {
     /// Applies the layer to `x: [..., in_features]`, returning `[..., out_features]`: the backend's
-    /// [`EmberBackend::ggml_dense`] where it has one (burn-flex), else [`forward_exact`](Self::forward_exact).
+    /// [`EmberBackend::ggml_dense`] in the layer's [`products`](Self::products) where it has one (burn-flex),
+    /// else [`forward_exact`](Self::forward_exact).
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
         let dims = x.dims();
         let [out_features, in_features] = self.weight.shape();
@@ -159,6 +174,7 @@ impl<B: EmberBackend> GgmlLinear<B> {
             x.clone().into_primitive().tensor(),
             self.weight.matrix(),
             self.bias.clone().map(|b| b.into_primitive().tensor()),
+            self.products,
         );
         let y = match native {
             Some(y) => Tensor::<B, 2>::from_primitive(TensorPrimitive::Float(y)),
@@ -170,14 +186,19 @@ impl<B: EmberBackend> GgmlLinear<B> {
     }
 
     /// Applies each of `layers` to the same `x: [..., in_features]`, as [`forward`](Self::forward) does one at a
-    /// time, through the backend's fused [`EmberBackend::ggml_dense_many`] (one quantization of `x`, one
-    /// hand-off to the threads), or `None` where the backend declines: the caller then runs them one by one.
+    /// time, through the backend's [`EmberBackend::ggml_dense_many`] (one quantization of `x`, one hand-off to
+    /// the threads), or `None` where the backend declines or the layers' [`products`](Self::products) differ:
+    /// the caller then runs them one by one.
     pub fn forward_many<const D: usize>(
         layers: &[&Self],
         x: Tensor<B, D>,
     ) -> Option<Vec<Tensor<B, D>>> {
         let dims = x.dims();
-        let [_, in_features] = layers.first()?.weight.shape();
+        let first = layers.first()?;
+        let [_, in_features] = first.weight.shape();
+        if layers.iter().any(|l| l.products != first.products) {
+            return None;
+        }
         let rows = dims[..D - 1].iter().product::<usize>();
         let x = x.reshape([rows, in_features]);
         let weights: Vec<_> = layers
@@ -187,7 +208,7 @@ impl<B: EmberBackend> GgmlLinear<B> {
                 (l.weight.matrix(), bias)
             })
             .collect();
-        let ys = B::ggml_dense_many(x.into_primitive().tensor(), &weights)?;
+        let ys = B::ggml_dense_many(x.into_primitive().tensor(), &weights, first.products)?;
         let ys = layers
             .iter()
             .zip(ys)

@@ -1,7 +1,7 @@
 //! [`GgmlWeight`]: a weight matrix kept in the ggml block format it was stored in (a GGUF tensor's bytes), and
 //! [`PackedWeight`], either kind of packed weight a source can hand over.
 
-use ember_attention::ggml::{GgmlMatrix, GgmlType};
+use ember_ggml::{GgmlMatrix, GgmlType};
 
 use crate::error::QuantError;
 use crate::quant::weight::QuantizedWeight;

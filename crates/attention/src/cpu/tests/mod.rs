@@ -12,7 +12,7 @@ use crate::{EmberBackend, Rope, RopeConfig, RopeLayout, swiglu};
 type A = Autodiff<Flex>;
 
 /// Deterministic values in about [-scale, scale].
-fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+pub(in crate::cpu) fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
     let mut state = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
     (0..n)
         .map(|_| {
@@ -24,7 +24,11 @@ fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
         .collect()
 }
 
-fn tensor<B: Backend, const D: usize>(shape: [usize; D], seed: u64, scale: f32) -> Tensor<B, D> {
+pub(in crate::cpu) fn tensor<B: Backend, const D: usize>(
+    shape: [usize; D],
+    seed: u64,
+    scale: f32,
+) -> Tensor<B, D> {
     let n = shape.iter().product();
     Tensor::from_data(
         TensorData::new(values(n, seed, scale), shape),
@@ -32,15 +36,17 @@ fn tensor<B: Backend, const D: usize>(shape: [usize; D], seed: u64, scale: f32) 
     )
 }
 
-fn floats<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+pub(in crate::cpu) fn floats<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
     t.into_data().convert::<f32>().to_vec().expect("f32 data")
 }
 
-fn primitive<B: Backend, const D: usize>(t: Tensor<B, D>) -> burn::tensor::ops::FloatTensor<B> {
+pub(in crate::cpu) fn primitive<B: Backend, const D: usize>(
+    t: Tensor<B, D>,
+) -> burn::tensor::ops::FloatTensor<B> {
     t.into_primitive().tensor()
 }
 
-fn from_primitive<B: Backend, const D: usize>(
+pub(in crate::cpu) fn from_primitive<B: Backend, const D: usize>(
     t: burn::tensor::ops::FloatTensor<B>,
 ) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(t))
@@ -56,8 +62,5 @@ fn max_rel(a: &[f32], b: &[f32], floor: f32) -> f32 {
 }
 
 mod elementwise;
-mod int_dot;
-#[cfg(target_arch = "x86_64")]
-mod int_gemm;
 mod products;
 mod quantized;
