@@ -3,8 +3,6 @@
 //! test's exact and integer copies) can differ. ember-model's `Transformer::with_ggml_products` sets it on every
 //! packed layer of a model; `--exact-products` on the command line selects [`GgmlProducts::Exact`].
 
-use std::fmt;
-
 /// The arithmetic of products with ggml blocks ([`crate::EmberBackend::ggml_dense`]).
 ///
 /// - [`Integer`](Self::Integer) (the default, as llama.cpp does): each activation row is quantized to 8-bit
@@ -14,10 +12,7 @@ use std::fmt;
 ///   where its tiles are 2-3x faster than dequantized tiles through gemm; elsewhere they are exact either way.
 /// - [`Exact`](Self::Exact): f32 activations times the dequantized blocks, exact up to f32 rounding and 3-30x
 ///   slower per decode product (docs/BENCHMARKS.md): the oracle the integer paths are tested against.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum GgmlProducts {
     /// 8-bit activations, integer dot products.
     #[default]
@@ -27,24 +22,10 @@ pub enum GgmlProducts {
 }
 
 impl GgmlProducts {
-    /// The setting's name, for reports and errors.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Integer => "integer",
-            Self::Exact => "exact",
-        }
-    }
-
     /// Whether products of several rows (prompts, decode batches of 3 rows or more) take the integer tiles
     /// under this setting on this CPU: [`Integer`](Self::Integer) on a CPU with AVX-512 VNNI. Tests use it to
     /// choose the error bound a prompt's logits are held to.
     pub fn integer_prompts(self) -> bool {
         self == Self::Integer && crate::cpu::integer_tiles_available()
-    }
-}
-
-impl fmt::Display for GgmlProducts {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
     }
 }

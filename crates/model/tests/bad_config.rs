@@ -216,6 +216,27 @@ fn every_gguf_familys_norm_eps_key_refuses_nan_infinity_and_negatives() {
     }
 }
 
+#[test]
+fn a_non_finite_gguf_setting_is_refused_naming_its_key() {
+    // Every float setting is read through one accessor: a NaN RoPE base used to reach the config as `null`, and
+    // the family's default (10000) replaced it silently.
+    let dir = tempfile::tempdir().unwrap();
+    let original = std::fs::read(fixture("gguf_families").join("llama.gguf.bin")).unwrap();
+    let key = "llama.rope.freq_base";
+    for value in [f32::NAN, f32::INFINITY] {
+        let path = dir.path().join("llama.gguf");
+        std::fs::write(&path, with_f32(&original, key, value)).unwrap();
+        let msg = gguf::model_spec(&GgufFile::open(&path).unwrap())
+            .err()
+            .unwrap_or_else(|| panic!("{key} = {value} loaded"))
+            .to_string();
+        assert!(
+            msg.contains(&format!("`{key}`")) && msg.contains("a finite number"),
+            "{msg}"
+        );
+    }
+}
+
 /// `file` with its f32 metadata value `key` set to `value`. A key is stored as its length, its bytes, the value
 /// type (6 for f32) and the value.
 fn with_f32(file: &[u8], key: &str, value: f32) -> Vec<u8> {

@@ -34,9 +34,10 @@ pub(crate) fn from_config(config: &Value, key: &str, default: f64) -> Result<f64
     }
 }
 
-/// GGUF metadata `{arch}.{key}`: an error naming the full key unless it is a usable number.
+/// GGUF metadata `{arch}.{key}`: an error naming the full key unless it is a usable number (read raw rather than
+/// through [`GgufHparams::float`], so a non-finite eps gets this error's expectation too).
 pub(crate) fn from_gguf(h: &GgufHparams<'_>, key: &str) -> Result<f64, GgufError> {
-    let eps = h.float(key)?;
+    let eps = h.file().require_f64(&h.key(key))?;
     if usable(eps) {
         return Ok(eps);
     }

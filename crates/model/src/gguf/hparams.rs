@@ -51,9 +51,18 @@ impl<'a> GgufHparams<'a> {
         self.has(key).then(|| self.uint(key)).transpose()
     }
 
-    /// The float `{arch}.{key}`.
+    /// The float `{arch}.{key}`, refused unless finite: no model setting is NaN or infinite, and on its way into
+    /// the family's config JSON a non-finite value would become `null`, which a family reads as absent and
+    /// replaces with its default.
     pub fn float(&self, key: &str) -> Result<f64, GgufError> {
-        self.file.require_f64(&self.key(key))
+        let key = self.key(key);
+        let value = self.file.require_f64(&key)?;
+        if value.is_finite() {
+            return Ok(value);
+        }
+        Err(self
+            .file
+            .metadata_error(&key, "a finite number", format!("{value}")))
     }
 
     /// The float `{arch}.{key}` if present.
