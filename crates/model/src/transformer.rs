@@ -37,10 +37,6 @@ pub struct Transformer<B: Backend> {
     spec: ModelSpec,
     #[module(skip)]
     kernel: AttentionKernel,
-    /// The arithmetic of the layers kept as ggml blocks, which each of them carries (see
-    /// [`with_ggml_products`](Self::with_ggml_products)).
-    #[module(skip)]
-    ggml_products: GgmlProducts,
     /// RoPE tables for the context window, built on the first forward call on a device and reused.
     #[module(skip)]
     rope: RopeCache,
@@ -286,7 +282,6 @@ impl<B: EmberBackend> Transformer<B> {
             lm_head,
             spec: spec.clone(),
             kernel: AttentionKernel::default(),
-            ggml_products: GgmlProducts::default(),
             rope: RopeCache::new(),
             local_rope: RopeCache::new(),
             compute_dtype: None,
@@ -325,15 +320,10 @@ impl<B: EmberBackend> Transformer<B> {
         self
     }
 
-    /// How the layers kept as ggml blocks multiply (default: [`GgmlProducts::Integer`], as llama.cpp does).
-    pub fn ggml_products(&self) -> GgmlProducts {
-        self.ggml_products
-    }
-
     /// The same model multiplying its layers kept as ggml blocks (projections, LM head, a tied embedding's
-    /// projection) in `products`' arithmetic. Other models in the process keep theirs.
+    /// projection) in `products`' arithmetic (default: [`GgmlProducts::Integer`], as llama.cpp does). Each of
+    /// those layers carries the setting, so other models in the process keep theirs.
     pub fn with_ggml_products(mut self, products: GgmlProducts) -> Self {
-        self.ggml_products = products;
         for block in &mut self.layers {
             for (_, linear) in block.linears_mut() {
                 linear.set_ggml_products(products);
